@@ -1,0 +1,15 @@
+"""Attention: the backend interface, the paged PyTorch backend and the layer models use."""
+
+from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+from pagedllm.attention.layer import Attention, attention_layers, bind_kv_cache
+from pagedllm.attention.selector import get_attn_backend
+
+__all__ = [
+    "Attention",
+    "AttentionBackend",
+    "AttentionImpl",
+    "AttentionMetadata",
+    "attention_layers",
+    "bind_kv_cache",
+    "get_attn_backend",
+]

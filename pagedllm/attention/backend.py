@@ -13,7 +13,9 @@ Slot ``s`` is block ``s // block_size``, offset ``s % block_size``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,3 +39,55 @@ class AttentionMetadata:
     # Python copies of the small per-request vectors, for backends that loop or bucket on the host.
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    # Backend-private per-step precomputation (index tensors shared by every layer), filled by the
+    # backend on the first layer of the step. Build a fresh metadata object for each step.
+    backend_cache: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+
+class AttentionImpl(ABC):
+    """One layer's attention computation for a flattened mixed batch."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+    ) -> None:
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata | None,
+    ) -> torch.Tensor:
+        """`query` [T, num_heads, head_size], `key`/`value` [T, num_kv_heads, head_size] ->
+        [T, num_heads, head_size]. Writes this step's keys/values into `kv_cache` at
+        `attn_metadata.slot_mapping` first; with `attn_metadata=None` (profiling) the T tokens are
+        attended as one causal sequence and the cache is not touched."""
+
+
+class AttentionBackend(ABC):
+    @staticmethod
+    @abstractmethod
+    def get_name() -> str: ...
+
+    @staticmethod
+    @abstractmethod
+    def get_impl_cls() -> type[AttentionImpl]: ...
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+        """Shape of one layer's cache tensor (the layout in this module's docstring)."""
+        return (2, num_blocks, block_size, num_kv_heads, head_size)

@@ -1,0 +1,208 @@
+"""Paged attention in plain PyTorch: the CPU backend and the portable fallback on CUDA.
+
+One forward serves a flattened batch that mixes decodes, whole prompts and prompt chunks whose
+earlier tokens are already cached. No request is padded to the longest one; the work is linear in
+the keys each query attends to. Two paths, chosen per request from host-side lengths:
+
+* Decode rows (query length 1), all requests at once: "block-wise flash decoding". Every (request,
+  cache block) pair becomes one batch entry: the blocks are gathered from the paged cache with one
+  `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x [B, kv_heads, head,
+  block_size]`, and the softmax is done across each request's blocks with segment reductions
+  (`index_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
+  last block (< block_size keys), so the cost is linear in the tokens attended to, with a fixed
+  number of kernel launches per layer and no Python work per request or per token.
+* Prefill segments (query length > 1): one `scaled_dot_product_attention` per request, which runs
+  torch's fused CPU flash-attention kernel. A fresh prompt attends to its own new keys directly
+  (`is_causal`, no cache read); a chunk with a cached prefix gathers its blocks and uses a causal mask
+  offset by the number of cached tokens. A per-request loop is cheap here: each iteration is a large
+  kernel, and a step holds few prefill segments.
+
+The index tensors both paths need are computed once per step (on the first layer) and kept in
+`AttentionMetadata.backend_cache`. Blocking torch.compile: the per-request prefill loop and the
+host-side plan (run outside the graph, or as a graph break).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+
+
+@dataclass
+class _DecodePlan:
+    # Query row of each decode request, or None when they are exactly rows 0..n-1.
+    rows: torch.Tensor | None
+    num_reqs: int
+    # Per (request, block) entry: the decode request it belongs to, and the cache block id.
+    req_of_block: torch.Tensor
+    block_ids: torch.Tensor
+    # [B, block_size]: which keys of the block the request may attend to.
+    valid: torch.Tensor
+    # True when every request has exactly one block: a plain softmax, no segment reductions.
+    single_block: bool
+
+
+@dataclass
+class _PrefillSegment:
+    req: int
+    start: int
+    end: int
+    num_computed: int
+    seq_len: int
+
+
+@dataclass
+class _Plan:
+    decode: _DecodePlan | None
+    prefills: list[_PrefillSegment]
+
+
+def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, device: torch.device) -> _Plan:
+    qsl = np.asarray(
+        md.query_start_loc_cpu if md.query_start_loc_cpu is not None else md.query_start_loc.tolist(),
+        dtype=np.int64,
+    )
+    seq = np.asarray(md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist(), dtype=np.int64)
+    qsl, seq = qsl[: md.num_reqs + 1], seq[: md.num_reqs]
+    q_lens = np.diff(qsl)
+    dec = np.flatnonzero(q_lens == 1)
+    prefills = [
+        _PrefillSegment(int(i), int(qsl[i]), int(qsl[i + 1]), int(seq[i] - q_lens[i]), int(seq[i]))
+        for i in np.flatnonzero(q_lens > 1)
+    ]
+    if dec.size == 0:
+        return _Plan(None, prefills)
+    dseq = seq[dec]
+    # Blocks wholly outside the sliding window are skipped, not just masked.
+    first = np.maximum(dseq - window, 0) // block_size if window is not None else np.zeros_like(dseq)
+    nblk = (dseq - 1) // block_size - first + 1
+    total = int(nblk.sum())
+    req_of_block_np = np.repeat(np.arange(dec.size), nblk)
+    blk_in_req_np = np.arange(total) - np.repeat(np.cumsum(nblk) - nblk, nblk) + first[req_of_block_np]
+
+    req_of_block = torch.from_numpy(req_of_block_np).to(device)
+    blk_in_req = torch.from_numpy(blk_in_req_np).to(device)
+    dec_t = torch.from_numpy(dec).to(device)
+    block_ids = md.block_tables[dec_t.index_select(0, req_of_block), blk_in_req].long()
+    pos = blk_in_req.unsqueeze(1) * block_size + torch.arange(block_size, device=device)
+    seq_of_block = torch.from_numpy(dseq).to(device).index_select(0, req_of_block).unsqueeze(1)
+    valid = pos < seq_of_block
+    if window is not None:
+        valid &= pos >= seq_of_block - window
+    contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
+    rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
+    decode = _DecodePlan(rows, int(dec.size), req_of_block, block_ids, valid, bool((nblk == 1).all()))
+    return _Plan(decode, prefills)
+
+
+class TorchPagedAttentionImpl(AttentionImpl):
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata | None,
+    ) -> torch.Tensor:
+        if attn_metadata is None:
+            return self._prefill(query, key, value, 0).transpose(0, 1)
+        md = attn_metadata
+        n = md.num_actual_tokens
+        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+            raise RuntimeError("attention KV cache is not bound (call pagedllm.attention.bind_kv_cache)")
+        block_size = kv_cache.shape[2]
+        k_cache = kv_cache[0].flatten(0, 1)
+        v_cache = kv_cache[1].flatten(0, 1)
+        # Write first, so the decode path and cached-prefix chunks read this step's keys too.
+        slots = md.slot_mapping[:n]
+        k_cache.index_copy_(0, slots, key[:n].to(kv_cache.dtype))
+        v_cache.index_copy_(0, slots, value[:n].to(kv_cache.dtype))
+
+        plan_key = ("torch_paged", block_size, self.sliding_window)
+        plan = md.backend_cache.get(plan_key)
+        if plan is None:
+            plan = _build_plan(md, block_size, self.sliding_window, query.device)
+            md.backend_cache[plan_key] = plan
+
+        out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
+        for seg in plan.prefills:
+            q = query[seg.start : seg.end]
+            if seg.num_computed == 0:
+                k, v = key[seg.start : seg.end], value[seg.start : seg.end]
+            else:
+                nb = (seg.seq_len + block_size - 1) // block_size
+                blocks = md.block_tables[seg.req, :nb].long()
+                k = kv_cache[0].index_select(0, blocks).flatten(0, 1)[: seg.seq_len]
+                v = kv_cache[1].index_select(0, blocks).flatten(0, 1)[: seg.seq_len]
+            out[seg.start : seg.end] = self._prefill(q, k, v, seg.num_computed).transpose(0, 1)
+        if plan.decode is not None:
+            self._decode(query, kv_cache, plan.decode, out)
+        return out
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_computed: int) -> torch.Tensor:
+        """Causal attention of `q` [L, H, D] (positions num_computed..) over `k`/`v` [S, Hkv, D]
+        (positions 0..S-1); returns [H, L, D]."""
+        q_len, k_len = q.shape[0], k.shape[0]
+        mask = None
+        if num_computed > 0 or self.sliding_window is not None:
+            q_pos = torch.arange(num_computed, num_computed + q_len, device=q.device).unsqueeze(1)
+            k_pos = torch.arange(k_len, device=q.device).unsqueeze(0)
+            mask = k_pos <= q_pos
+            if self.sliding_window is not None:
+                mask &= k_pos > q_pos - self.sliding_window
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0),
+            k.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            v.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return out.squeeze(0)
+
+    def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, p: _DecodePlan, out: torch.Tensor) -> None:
+        group = self.num_heads // self.num_kv_heads
+        q = query[: p.num_reqs] if p.rows is None else query.index_select(0, p.rows)
+        q = (q * self.scale).view(p.num_reqs, self.num_kv_heads, group, self.head_size)
+        qb = q.index_select(0, p.req_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
+        kb = kv_cache[0].index_select(0, p.block_ids).transpose(1, 2)  # [B, Hkv, bs, D]
+        vb = kv_cache[1].index_select(0, p.block_ids).transpose(1, 2)
+        scores = torch.matmul(qb, kb.transpose(-1, -2)).float()  # [B, Hkv, G, bs]
+        scores.masked_fill_(~p.valid[:, None, None, :], float("-inf"))
+        if p.single_block:
+            probs = torch.softmax(scores, dim=-1)
+            o = torch.matmul(probs.to(vb.dtype), vb)
+        else:
+            blk_max = scores.amax(dim=-1)
+            req_max = torch.full(
+                (p.num_reqs, *blk_max.shape[1:]), float("-inf"), dtype=blk_max.dtype, device=blk_max.device
+            )
+            req_max.index_reduce_(0, p.req_of_block, blk_max, "amax")
+            probs = torch.exp(scores - req_max.index_select(0, p.req_of_block).unsqueeze(-1))
+            denom = torch.zeros_like(req_max).index_add_(0, p.req_of_block, probs.sum(dim=-1))
+            o_blk = torch.matmul(probs.to(vb.dtype), vb).float()  # [B, Hkv, G, D]
+            o = torch.zeros(
+                (p.num_reqs, *o_blk.shape[1:]), dtype=torch.float32, device=o_blk.device
+            ).index_add_(0, p.req_of_block, o_blk)
+            o = o / denom.unsqueeze(-1)
+        o = o.reshape(p.num_reqs, self.num_heads, self.head_size).to(out.dtype)
+        if p.rows is None:
+            out[: p.num_reqs] = o
+        else:
+            out.index_copy_(0, p.rows, o)
+
+
+class TorchPagedAttentionBackend(AttentionBackend):
+    @staticmethod
+    def get_name() -> str:
+        return "TORCH_PAGED"
+
+    @staticmethod
+    def get_impl_cls() -> type[AttentionImpl]:
+        return TorchPagedAttentionImpl

@@ -1,0 +1,77 @@
+"""The attention layer models call: `attn(q, k, v)`, with the paged cache bound by the runner."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from pagedllm.attention.selector import get_attn_backend
+from pagedllm.forward_context import get_forward_context
+
+
+class Attention(nn.Module):
+    """Multi-head / grouped-query attention over the paged KV cache.
+
+    `kv_cache` is a plain attribute (not a buffer: it is neither a weight nor saved), shaped
+    `[2, num_blocks, block_size, num_kv_heads, head_size]`; it stays empty until `bind_kv_cache`.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        sliding_window: int | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.layer_name = prefix
+        self.backend = get_attn_backend()
+        self.impl = self.backend.get_impl_cls()(num_heads, head_size, scale, self.num_kv_heads, sliding_window)
+        self.kv_cache = torch.empty(0)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """`query` [T, num_heads * head_size], `key`/`value` [T, num_kv_heads * head_size] ->
+        [T, num_heads * head_size]."""
+        md = get_forward_context().attn_metadata
+        num_tokens = query.shape[0]
+        out = self.impl.forward(
+            query.view(num_tokens, self.num_heads, self.head_size),
+            key.view(num_tokens, self.num_kv_heads, self.head_size),
+            value.view(num_tokens, self.num_kv_heads, self.head_size),
+            self.kv_cache,
+            md,
+        )
+        return out.reshape(num_tokens, self.num_heads * self.head_size)
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}"
+
+
+def attention_layers(model: nn.Module) -> dict[str, Attention]:
+    """Every `Attention` module of `model` by qualified name, in layer order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, Attention)}
+
+
+def bind_kv_cache(model: nn.Module, kv_caches: Sequence[torch.Tensor] | Mapping[str, torch.Tensor]) -> None:
+    """Give each attention layer its cache tensor: a list in layer order, or a dict keyed by the
+    layer's qualified module name (e.g. "model.layers.0.self_attn.attn")."""
+    layers = attention_layers(model)
+    if isinstance(kv_caches, Mapping):
+        missing = sorted(set(layers) - set(kv_caches))
+        extra = sorted(set(kv_caches) - set(layers))
+        if missing or extra:
+            raise ValueError(f"KV caches do not match the attention layers: missing {missing}, unknown {extra}")
+        for name, layer in layers.items():
+            layer.kv_cache = kv_caches[name]
+        return
+    if len(kv_caches) != len(layers):
+        raise ValueError(f"got {len(kv_caches)} KV cache tensors for {len(layers)} attention layers")
+    for layer, cache in zip(layers.values(), kv_caches):
+        layer.kv_cache = cache

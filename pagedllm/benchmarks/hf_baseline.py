@@ -1,0 +1,69 @@
+"""The baseline measured beside every throughput figure: HF transformers' batched `generate` on the same
+weights, prompts, dtype and output lengths (left-padded batches, greedy, EOS ignored)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pagedllm.benchmarks.datasets import SampleRequest
+
+
+@dataclass
+class BaselineResult:
+    dtype: torch.dtype
+    elapsed: float
+    num_input_tokens: int
+    num_output_tokens: int
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.elapsed
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.num_input_tokens + self.num_output_tokens) / self.elapsed
+
+
+def load_hf_model(model_path: Path, gguf_file: Path | None, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"gguf_file": gguf_file.name} if gguf_file is not None else {}
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, **kwargs)
+    return model.eval()
+
+
+@torch.inference_mode()
+def run_hf_generate(
+    model: torch.nn.Module, requests: list[SampleRequest], batch_size: int, pad_token_id: int
+) -> BaselineResult:
+    """Greedy-generate every request's `output_len` tokens in left-padded batches of `batch_size`."""
+    dtype = next(model.parameters()).dtype
+    num_in = num_out = 0
+    start = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i : i + batch_size]
+        prompts = [r.prompt_token_ids for r in batch]
+        assert all(p is not None for p in prompts), "the HF baseline takes token-id prompts"
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(batch), width), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
+        max_new = max(r.output_len for r in batch)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=pad_token_id,
+        )
+        assert out.shape[1] == width + max_new
+        num_in += sum(len(p) for p in prompts)
+        num_out += sum(r.output_len for r in batch)
+    return BaselineResult(dtype, time.perf_counter() - start, num_in, num_out)

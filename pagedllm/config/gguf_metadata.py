@@ -1,0 +1,228 @@
+"""A fast reader of a GGUF file's header (key/value metadata and tensor names), no tensor data.
+
+`gguf.GGUFReader` builds numpy views of every field and tensor (2.4 s on the 100 MB SmolLM2 file) and
+`AutoConfig.from_pretrained(gguf_file=...)` takes ~10 s; configs must build in milliseconds. So this
+walks the header once with `struct`, skips the big tokenizer arrays by arithmetic (numeric arrays) or
+by length prefixes only (string arrays), and maps the architecture keys onto a transformers config.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+
+GGUF_MAGIC = b"GGUF"
+
+# GGUF value type id -> (struct format, byte size) for fixed-size scalars.
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("<B", 1),
+    1: ("<b", 1),
+    2: ("<H", 2),
+    3: ("<h", 2),
+    4: ("<I", 4),
+    5: ("<i", 4),
+    6: ("<f", 4),
+    7: ("<?", 1),
+    10: ("<Q", 8),
+    11: ("<q", 8),
+    12: ("<d", 8),
+}
+_STRING = 8
+_ARRAY = 9
+# Arrays longer than this are tokenizer tables (tokens, scores, merges): skipped, only counted.
+_MAX_KEPT_ARRAY = 256
+
+
+@dataclass(frozen=True)
+class SkippedArray:
+    """Placeholder for a large array that was skipped; `count` elements of GGUF type `item_type`."""
+
+    item_type: int
+    count: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    version: int
+    metadata: dict[str, Any]
+    tensor_names: tuple[str, ...]
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def scalar(self, type_id: int) -> Any:
+        fmt, size = _SCALARS[type_id]
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self) -> str:
+        (length,) = struct.unpack_from("<Q", self.buf, self.pos)
+        start = self.pos + 8
+        self.pos = start + length
+        return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
+
+    def skip_strings(self, count: int) -> None:
+        buf, pos, unpack = self.buf, self.pos, struct.unpack_from
+        for _ in range(count):
+            pos += 8 + unpack("<Q", buf, pos)[0]
+        self.pos = pos
+
+    def value(self, type_id: int) -> Any:
+        if type_id == _STRING:
+            return self.string()
+        if type_id == _ARRAY:
+            item_type = self.scalar(4)
+            count = self.scalar(10)
+            if count > _MAX_KEPT_ARRAY:
+                if item_type == _STRING:
+                    self.skip_strings(count)
+                elif item_type in _SCALARS:
+                    self.pos += count * _SCALARS[item_type][1]
+                else:
+                    raise ValueError(f"GGUF: nested array of type {item_type} cannot be skipped")
+                return SkippedArray(item_type, count)
+            return [self.value(item_type) for _ in range(count)]
+        if type_id not in _SCALARS:
+            raise ValueError(f"GGUF: unknown metadata value type {type_id}")
+        return self.scalar(type_id)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_header_cached(path: str, mtime_ns: int, size: int) -> GGUFHeader:
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file (bad magic {bytes(buf[:4])!r})")
+        cur = _Cursor(buf)
+        cur.pos = 4
+        version = cur.scalar(4)
+        if version == 1:
+            raise ValueError(f"{path}: GGUF version 1 is not supported (re-convert the model)")
+        tensor_count = cur.scalar(10)
+        kv_count = cur.scalar(10)
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key = cur.string()
+            metadata[key] = cur.value(cur.scalar(4))
+        names = []
+        for _ in range(tensor_count):
+            names.append(cur.string())
+            n_dims = cur.scalar(4)
+            cur.pos += 8 * n_dims + 4 + 8  # dims, ggml type, data offset
+        return GGUFHeader(version=version, metadata=metadata, tensor_names=tuple(names))
+
+
+def read_gguf_header(path: Path) -> GGUFHeader:
+    """Parse (and cache per file version) the header of the GGUF file at `path`."""
+    stat = path.stat()
+    try:
+        return _read_header_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    except (struct.error, IndexError) as e:
+        raise ValueError(f"{path}: truncated or corrupt GGUF header ({e})") from e
+
+
+# pagedllm model type -> (transformers config class, architecture class name).
+_GGUF_CONFIGS: dict[str, tuple[type[PretrainedConfig], str]] = {
+    "llama": (LlamaConfig, "LlamaForCausalLM"),
+    "mistral": (MistralConfig, "MistralForCausalLM"),
+    "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+    "qwen3": (Qwen3Config, "Qwen3ForCausalLM"),
+}
+
+# GGUF key suffix (after "<arch>.") -> transformers config attribute, per model type.
+_COMMON_KEYS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
+_HEAD_DIM_KEY = {
+    "llama": "rope.dimension_count",
+    "mistral": "rope.dimension_count",
+    "qwen3": "attention.key_length",
+}
+_TOKEN_KEYS = {
+    "tokenizer.ggml.bos_token_id": "bos_token_id",
+    "tokenizer.ggml.eos_token_id": "eos_token_id",
+    "tokenizer.ggml.unknown_token_id": "unk_token_id",
+    "tokenizer.ggml.padding_token_id": "pad_token_id",
+}
+
+SUPPORTED_GGUF_ARCHITECTURES = tuple(_GGUF_CONFIGS)
+
+
+def gguf_model_type(header: GGUFHeader) -> str:
+    arch = header.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ValueError("GGUF file has no general.architecture key")
+    name = str(header.metadata.get("general.name", "")).lower()
+    # llama.cpp stores Mistral models as "llama"; the model name is the only hint.
+    if arch == "llama" and "mistral" in name:
+        return "mistral"
+    return arch
+
+
+def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
+    """The transformers config (Llama/Mistral/Qwen2/Qwen3) described by a GGUF header."""
+    meta = header.metadata
+    arch = meta["general.architecture"]
+    model_type = gguf_model_type(header)
+    if model_type not in _GGUF_CONFIGS:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
+        )
+    config_cls, architecture = _GGUF_CONFIGS[model_type]
+    kwargs: dict[str, Any] = {}
+    for suffix, attr in _COMMON_KEYS.items():
+        if f"{arch}.{suffix}" in meta:
+            kwargs[attr] = meta[f"{arch}.{suffix}"]
+    head_key = _HEAD_DIM_KEY.get(model_type)
+    if head_key is not None and f"{arch}.{head_key}" in meta:
+        kwargs["head_dim"] = meta[f"{arch}.{head_key}"]
+    if "vocab_size" not in kwargs:
+        tokens = meta.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, SkippedArray):
+            kwargs["vocab_size"] = tokens.count
+        elif isinstance(tokens, list):
+            kwargs["vocab_size"] = len(tokens)
+    for key, attr in _TOKEN_KEYS.items():
+        if key in meta:
+            kwargs[attr] = meta[key]
+    rope: dict[str, Any] = {"rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0))}
+    scaling_type = meta.get(f"{arch}.rope.scaling.type")
+    if scaling_type not in (None, "none"):
+        rope["rope_type"] = scaling_type
+        rope["factor"] = float(meta[f"{arch}.rope.scaling.factor"])
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if original is not None:
+            rope["original_max_position_embeddings"] = int(original)
+    else:
+        rope["rope_type"] = "default"
+    kwargs["rope_parameters"] = rope
+    sliding = meta.get(f"{arch}.attention.sliding_window")
+    if sliding is not None and model_type in ("mistral", "qwen2", "qwen3"):
+        kwargs["sliding_window"] = sliding
+    # As transformers decides: no separate output projection in the file -> tied embeddings.
+    kwargs["tie_word_embeddings"] = "output.weight" not in header.tensor_names
+    config = config_cls(**kwargs)
+    config.architectures = [architecture]
+    config._name_or_path = str(meta.get("general.name", ""))
+    return config
+
+
+def gguf_chat_template(header: GGUFHeader) -> str | None:
+    template = header.metadata.get("tokenizer.chat_template")
+    return template if isinstance(template, str) else None

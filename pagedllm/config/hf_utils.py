@@ -1,0 +1,112 @@
+"""Reading transformers configs: config.json, generation_config.json, RoPE settings in either style."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoConfig, PretrainedConfig
+
+# Attributes that bound the context length, as different model families name them.
+MAX_LEN_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def load_hf_config(path: Path, trust_remote_code: bool, revision: str | None) -> PretrainedConfig:
+    """Read config.json of a local model directory (no weights)."""
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
+    except ValueError as e:
+        raise ValueError(f"cannot read the model config in {path}: {e}") from e
+
+
+def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
+    """RoPE settings as one dict {rope_theta, rope_type, factor, ...} for old and new config styles.
+
+    transformers >= 5 keeps them in `rope_parameters`; older configs have `rope_theta` plus an optional
+    `rope_scaling` dict (with "type" or "rope_type")."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and params:
+        merged = dict(params)
+    else:
+        merged = dict(getattr(config, "rope_scaling", None) or {})
+        theta = getattr(config, "rope_theta", None)
+        if theta is not None:
+            merged.setdefault("rope_theta", theta)
+    if "type" in merged and "rope_type" not in merged:
+        merged["rope_type"] = merged.pop("type")
+    merged.setdefault("rope_type", "default")
+    return merged
+
+
+def rope_theta(config: PretrainedConfig) -> float | None:
+    value = rope_parameters(config).get("rope_theta")
+    return None if value is None else float(value)
+
+
+def rope_scaling(config: PretrainedConfig) -> dict[str, Any] | None:
+    """The scaling part of the RoPE settings, None for plain RoPE."""
+    params = {k: v for k, v in rope_parameters(config).items() if k != "rope_theta"}
+    return None if params.get("rope_type") == "default" and len(params) == 1 else params
+
+
+def derived_max_model_len(config: PretrainedConfig) -> tuple[int, str]:
+    """The model's own context limit and the attribute it came from."""
+    best: tuple[int, str] | None = None
+    for key in MAX_LEN_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0 and (best is None or value < best[0]):
+            best = (value, key)
+    if best is None:
+        # Same fallback as upstream: a config without a length bound is treated as 2048 tokens.
+        return 2048, "default"
+    length, key = best
+    scaling = rope_scaling(config)
+    # Long-RoPE/llama3 configs already state the extended length; the others scale the original one.
+    if scaling is not None and scaling.get("rope_type") not in ("su", "longrope", "llama3", "default"):
+        factor = scaling.get("factor")
+        if isinstance(factor, (int, float)) and factor > 1:
+            if scaling.get("rope_type") == "yarn" and "original_max_position_embeddings" in scaling:
+                length = int(scaling["original_max_position_embeddings"])
+            length = int(length * factor)
+            key = f"{key} x rope factor {factor}"
+    return length, key
+
+
+def read_generation_config(path: Path | None) -> dict[str, Any]:
+    """The generation_config.json of a model directory as a dict ({} when absent)."""
+    if path is None:
+        return {}
+    file = path / "generation_config.json" if path.is_dir() else path
+    if not file.is_file():
+        return {}
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON: {e}") from e
+
+
+def safetensors_weight_names(path: Path) -> set[str] | None:
+    """Tensor names of a directory's safetensors checkpoint from its index or headers (no data)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text()).get("weight_map", {}))
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    names: set[str] = set()
+    for file in files:
+        with open(file, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(header_len))
+        names.update(k for k in header if k != "__metadata__")
+    return names

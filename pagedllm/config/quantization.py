@@ -1,0 +1,58 @@
+"""Quantization methods known to the config: the resolved method object lives in
+`EngineConfig.quant_config`. pagedllm implements GGUF block quantization (dequantized or kept packed by
+the GGUF loader); every other method name is rejected by ModelConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class QuantizationConfig:
+    """Base of a resolved quantization method."""
+
+    name: str = ""
+
+    def get_min_capability(self) -> int:
+        """Minimum CUDA capability as an int (e.g. 75 for 7.5)."""
+        raise NotImplementedError
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        raise NotImplementedError
+
+    def has_blocked_weights(self) -> bool:
+        """Whether weights use block-wise FP8 scales (needs the `quant_fp8` custom op)."""
+        return False
+
+    def maybe_update_config(self, model: str, hf_config: Any = None, revision: str | None = None) -> None:
+        """Let the method adjust itself to the checkpoint; methods without such needs keep the base."""
+
+    def compute_hash(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class GGUFQuantizationConfig(QuantizationConfig):
+    """llama.cpp block quantization (Q4_0, Q4_1, Q8_0, K-quants...) read from a .gguf file."""
+
+    name = "gguf"
+
+    def get_min_capability(self) -> int:
+        return 60
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+
+QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {"gguf": GGUFQuantizationConfig}
+
+
+def get_quantization_method(name: str) -> QuantizationConfig:
+    if name not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"quantization={name!r} is not supported; supported: {', '.join(sorted(QUANTIZATION_METHODS))}"
+        )
+    return QUANTIZATION_METHODS[name]()

@@ -1,0 +1,26 @@
+"""StructuredOutputsConfig: guided decoding (JSON schema, regex, grammar)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pagedllm.config.utils import config, hash_fields
+
+
+@config
+class StructuredOutputsConfig:
+    """Configuration of structured outputs."""
+
+    backend: Literal["auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"] = "auto"
+    """Grammar engine used for structured outputs."""
+    disable_fallback: bool = False
+    """Fail instead of falling back to another backend when one cannot handle a request."""
+    disable_any_whitespace: bool = False
+    """Generate JSON without whitespace."""
+    disable_additional_properties: bool = False
+    """Forbid properties not in the JSON schema."""
+    reasoning_parser: str = ""
+    """Reasoning parser: structured output applies after the reasoning section."""
+
+    def compute_hash(self) -> str:
+        return hash_fields(self, ("backend",))

@@ -1,0 +1,236 @@
+"""The EngineCore in its own process: a busy loop fed by an input I/O thread, drained by an output thread.
+
+The API server process must never run the model, so the core lives in a child process and talks to the
+front-end (`pagedllm.engine.core_client.AsyncMPClient`) over two ZMQ PUSH/PULL sockets with
+msgspec-encoded messages. Decoding and encoding happen on the I/O threads (msgspec and ZMQ release the
+GIL), so the busy loop only calls `EngineCore`.
+
+Wire format, one multipart message per item: ``[kind, payload]``.
+- front-end -> core: ``ADD`` + EngineCoreRequest, ``ABORT`` + list of request ids.
+- core -> front-end: ``READY`` + StartupInfo once the core is built, ``OUTPUTS`` + EngineCoreOutputs,
+  ``FAILED`` + an error text when the core could not start or crashed (the process then exits).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import queue
+import signal
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import zmq
+
+from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+    from pagedllm.engine.core import EngineCore
+
+logger = logging.getLogger("pagedllm.engine.core_proc")
+
+# How often an idle core wakes up to check for shutdown and for a dead parent (seconds).
+_IDLE_POLL_S = 0.2
+
+
+class InputKind(bytes, enum.Enum):
+    ADD = b"\x00"
+    ABORT = b"\x01"
+
+
+class OutputKind(bytes, enum.Enum):
+    OUTPUTS = b"\x00"
+    READY = b"\x01"
+    FAILED = b"\x02"
+
+
+class StartupInfo(msgspec.Struct):
+    """What the core reports once it is built (the KV cache is sized in this process)."""
+
+    pid: int
+    num_gpu_blocks: int | None
+
+
+class _Shutdown(Exception):
+    """Raised in the busy loop by SIGTERM, or when the parent process is gone."""
+
+
+class EngineCoreProc:
+    """Runs one EngineCore with an input thread, an output thread and a busy loop on the main thread."""
+
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str, parent_pid: int) -> None:
+        self.core = core
+        self.parent_pid = parent_pid
+        self.input_queue: queue.Queue[tuple[InputKind, Any]] = queue.Queue()
+        self.output_queue: queue.Queue[tuple[OutputKind, Any] | None] = queue.Queue()
+        self._stop = threading.Event()
+        # Whether the last stats sent described a busy core: once idle, one more stats message goes out
+        # so that the front-end's gauges (running, KV usage) return to their idle values.
+        self._sent_busy_stats = False
+        self._ctx = zmq.Context()
+        self._input_thread = threading.Thread(
+            target=self._input_loop, args=(input_addr,), name="EngineCoreInput", daemon=True
+        )
+        self._output_thread = threading.Thread(
+            target=self._output_loop, args=(output_addr,), name="EngineCoreOutput", daemon=True
+        )
+        self._input_thread.start()
+        self._output_thread.start()
+
+    # ----------------------------------------------------------------------------------- I/O threads
+    def _input_loop(self, addr: str) -> None:
+        sock = self._ctx.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(addr)
+        add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+        abort_decoder = msgspec.msgpack.Decoder(list[str])
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(int(_IDLE_POLL_S * 1000)):
+                    continue
+                kind_frame, payload = sock.recv_multipart(copy=False)
+                kind = InputKind(kind_frame.bytes)
+                if kind is InputKind.ADD:
+                    self.input_queue.put((kind, add_decoder.decode(payload.buffer)))
+                else:
+                    self.input_queue.put((kind, abort_decoder.decode(payload.buffer)))
+        finally:
+            sock.close()
+
+    def _output_loop(self, addr: str) -> None:
+        sock = self._ctx.socket(zmq.PUSH)
+        # Give the last messages (FAILED, final outputs) a moment to leave at shutdown.
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.connect(addr)
+        encoder = msgspec.msgpack.Encoder()
+        try:
+            while True:
+                item = self.output_queue.get()
+                if item is None:
+                    break
+                kind, message = item
+                sock.send_multipart([kind.value, encoder.encode(message)], copy=False)
+        finally:
+            sock.close()
+
+    # ------------------------------------------------------------------------------------- busy loop
+    def run_busy_loop(self) -> None:
+        while True:
+            self._process_input_queue()
+            self._process_engine_step()
+
+    def _check_alive(self) -> None:
+        # A parent killed with SIGKILL cannot stop us: notice it, or the core would be orphaned.
+        if os.getppid() != self.parent_pid:
+            logger.warning("Parent process %d is gone; engine core exiting.", self.parent_pid)
+            raise _Shutdown
+
+    def _process_input_queue(self) -> None:
+        self._check_alive()
+        if not self.core.has_unfinished_requests():
+            self._send_idle_stats()
+            while True:
+                try:
+                    item = self.input_queue.get(timeout=_IDLE_POLL_S)
+                    break
+                except queue.Empty:
+                    self._check_alive()
+            self._handle(item)
+        while True:
+            try:
+                item = self.input_queue.get_nowait()
+            except queue.Empty:
+                return
+            self._handle(item)
+
+    def _handle(self, item: tuple[InputKind, Any]) -> None:
+        kind, message = item
+        if kind is InputKind.ADD:
+            try:
+                self.core.add_request(message)
+            except ValueError as e:
+                # An invalid request fails alone; the core keeps serving the others.
+                self.output_queue.put((OutputKind.OUTPUTS, EngineCoreOutputs(errors={message.request_id: str(e)})))
+        else:
+            self.core.abort_requests(message)
+
+    def _process_engine_step(self) -> None:
+        if not self.core.has_unfinished_requests():
+            return
+        outputs = self.core.step()
+        if outputs.outputs or outputs.errors or outputs.scheduler_stats is not None:
+            self._sent_busy_stats = True
+            self.output_queue.put((OutputKind.OUTPUTS, outputs))
+
+    def _send_idle_stats(self) -> None:
+        if not self._sent_busy_stats:
+            return
+        self._sent_busy_stats = False
+        stats: SchedulerStats = self.core.scheduler.make_stats()
+        self.output_queue.put((OutputKind.OUTPUTS, EngineCoreOutputs(scheduler_stats=stats)))
+
+    def send_failure(self, message: str) -> None:
+        self.output_queue.put((OutputKind.FAILED, message))
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.output_queue.put(None)
+        self._output_thread.join(timeout=5)
+        self._input_thread.join(timeout=5)
+        self.core.shutdown()
+        self._ctx.term()
+
+
+def _raise_shutdown(signum: int, frame: Any) -> None:
+    raise _Shutdown
+
+
+def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Entry point of the engine core process (spawned by AsyncMPClient)."""
+    # SIGINT (Ctrl-C) reaches the whole process group: the API server decides how to drain and then
+    # stops us with SIGTERM, so the core ignores SIGINT itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _raise_shutdown)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [engine core] %(message)s")
+    proc: EngineCoreProc | None = None
+    exit_code = 0
+    try:
+        from pagedllm.engine.core import EngineCore
+
+        core = EngineCore(engine_config)
+        proc = EngineCoreProc(core, input_addr, output_addr, parent_pid)
+        info = StartupInfo(pid=os.getpid(), num_gpu_blocks=engine_config.cache_config.num_gpu_blocks)
+        proc.output_queue.put((OutputKind.READY, info))
+        proc.run_busy_loop()
+    except _Shutdown:
+        logger.info("Engine core shutting down.")
+    except Exception as e:
+        exit_code = 1
+        logger.error("Engine core failed:\n%s", traceback.format_exc())
+        message = f"{type(e).__name__}: {e}"
+        if proc is None:
+            _send_startup_failure(output_addr, message)
+        else:
+            proc.send_failure(message)
+    finally:
+        if proc is not None:
+            # A second SIGTERM must not interrupt the clean-up.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            proc.shutdown()
+    logging.shutdown()
+    # Leave at once: no atexit handlers of libraries that may block on threads we no longer serve.
+    os._exit(exit_code)
+
+
+def _send_startup_failure(output_addr: str, message: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(output_addr)
+    sock.send_multipart([OutputKind.FAILED.value, msgspec.msgpack.encode(message)])
+    sock.close()
+    ctx.term()

@@ -1,0 +1,54 @@
+"""Token embedding and the LM head (logits only for the rows asked for)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedllm.layers.linear import check_tp_size, default_weight_loader
+
+
+class VocabParallelEmbedding(nn.Module):
+    """The embedding table, vocab-sharded under tensor parallelism (at TP=1: the whole table)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp_size: int = 1) -> None:
+        super().__init__()
+        check_tp_size(tp_size)
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection; shares `weight` with the embedding when the model ties them."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tp_size: int = 1) -> None:
+        super().__init__(num_embeddings, embedding_dim, tp_size=tp_size)
+        if bias:
+            raise ValueError("an LM head bias is not supported")
+
+    def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
+        self.weight = embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("ParallelLMHead is applied through LogitsProcessor, not called directly")
+
+
+class LogitsProcessor(nn.Module):
+    """`hidden [N, H] -> float32 logits [N, vocab]`.
+
+    The caller passes only the rows it needs (each request's last token, or prompt tokens for prompt
+    logprobs), so the vocab-sized GEMM, the largest single matmul of a decode step for small models,
+    is never run for the other rows. Logits are float32 so sampling and logprobs are exact.
+    """
+
+    def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states, lm_head.weight).float()

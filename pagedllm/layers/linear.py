@@ -1,0 +1,123 @@
+"""Linear layers named and shaped like vLLM's tensor-parallel ones, at tensor-parallel size 1.
+
+Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that copies a checkpoint
+tensor into it (converting the dtype on the way: the only copy of the weight at load time). Merged
+layers take the HF pieces one at a time: `QKVParallelLinear` its "q"/"k"/"v" shards, and
+`MergedColumnParallelLinear` its numbered shards (gate=0, up=1), each into its rows of the fused weight,
+so one GEMM serves all of them at run time.
+
+Tensor parallelism is not implemented yet: `tp_size > 1` raises instead of silently running replicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WeightLoader = Callable[..., None]
+
+
+def check_tp_size(tp_size: int) -> None:
+    if tp_size != 1:
+        raise NotImplementedError(
+            f"tensor_parallel_size={tp_size} is not supported yet (only 1): the linear layers are not sharded"
+        )
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    if param.shape != loaded_weight.shape:
+        raise ValueError(f"weight shape {tuple(loaded_weight.shape)} does not match parameter {tuple(param.shape)}")
+    param.data.copy_(loaded_weight)
+
+
+def _set_loader(param: nn.Parameter, loader: WeightLoader) -> nn.Parameter:
+    param.weight_loader = loader  # type: ignore[attr-defined]
+    return param
+
+
+class LinearBase(nn.Module):
+    """`y = x @ W^T (+ b)` with `W` of shape [output_size, input_size]."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_size: int = 1) -> None:
+        super().__init__()
+        check_tp_size(tp_size)
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = _set_loader(nn.Parameter(torch.empty(output_size, input_size)), self.weight_loader)
+        if bias:
+            self.bias: nn.Parameter | None = _set_loader(nn.Parameter(torch.empty(output_size)), self.weight_loader)
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+        default_weight_loader(param, loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class ReplicatedLinear(LinearBase):
+    """The full weight on every rank."""
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output dimension split across ranks (at TP=1: the whole weight)."""
+
+
+class RowParallelLinear(LinearBase):
+    """Input dimension split across ranks, outputs all-reduced (at TP=1: no reduction needed)."""
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input fused along the output dimension."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp_size: int = 1) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias=bias, tp_size=tp_size)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: int | None = None
+    ) -> None:
+        if shard_id is None:
+            default_weight_loader(param, loaded_weight)
+            return
+        offset = sum(self.output_sizes[:shard_id])
+        default_weight_loader(param.data.narrow(0, offset, self.output_sizes[shard_id]), loaded_weight)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """The query, key and value projections fused: output rows are [q | k | v]."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+        tp_size: int = 1,
+    ) -> None:
+        self.head_size = head_size
+        self.num_heads = total_num_heads
+        self.num_kv_heads = total_num_kv_heads or total_num_heads
+        self.q_size = self.num_heads * head_size
+        self.kv_size = self.num_kv_heads * head_size
+        super().__init__(hidden_size, self.q_size + 2 * self.kv_size, bias=bias, tp_size=tp_size)
+
+    def weight_loader(  # type: ignore[override]
+        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: str | None = None
+    ) -> None:
+        if shard_id is None:
+            default_weight_loader(param, loaded_weight)
+            return
+        offsets = {"q": (0, self.q_size), "k": (self.q_size, self.kv_size), "v": (self.q_size + self.kv_size, self.kv_size)}
+        if shard_id not in offsets:
+            raise ValueError(f"unknown QKV shard id {shard_id!r}")
+        start, size = offsets[shard_id]
+        default_weight_loader(param.data.narrow(0, start, size), loaded_weight)

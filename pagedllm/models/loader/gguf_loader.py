@@ -1,0 +1,128 @@
+"""GGUF checkpoints (llama.cpp): tensors read with the `gguf` package and dequantized at load.
+
+Tensor names are mapped to HF names, so the model's ordinary `load_weights` (with its q/k/v and
+gate/up folding) consumes them. llama.cpp's converter permutes the rows of the q and k projections
+of "llama" models (from HF's half-split rotary layout to its interleaved one); that permutation is
+undone here, exactly as transformers' GGUF loader does, so weights equal HF's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize
+
+from pagedllm.models.loader.errors import ModelLoadError
+
+# GGUF `general.architecture` -> HF architecture name.
+GGUF_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+SUPPORTED_TENSOR_TYPES = frozenset(
+    {
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.BF16,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+_TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_PER_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+# Tables llama.cpp stores but HF derives from the config (llama3 rope frequency factors).
+_DERIVED = {"rope_freqs.weight"}
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {path} does not exist")
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError, KeyError, IndexError) as e:
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
+
+
+def _field(reader: GGUFReader, key: str) -> object:
+    field = reader.fields.get(key)
+    if field is None:
+        raise ModelLoadError(f"GGUF metadata lacks {key!r}")
+    return field.contents()
+
+
+def gguf_architecture(reader: GGUFReader, path: Path) -> str:
+    arch = str(_field(reader, "general.architecture"))
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelLoadError(
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
+    return arch
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF name of a GGUF tensor, or None for tables HF does not store."""
+    if gguf_name in _DERIVED:
+        return None
+    base, _, suffix = gguf_name.rpartition(".")
+    if base in _TOP_LEVEL:
+        return f"{_TOP_LEVEL[base]}.{suffix}"
+    parts = base.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _PER_BLOCK:
+        return f"model.layers.{parts[1]}.{_PER_BLOCK[parts[2]]}.{suffix}"
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not understood by the loader")
+
+
+def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    # llama.cpp: reshape(n_head, 2, d/2, ...).swapaxes(1, 2); the inverse swaps back.
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(hf_name, tensor)` for every tensor of the file, dequantized (float32, or float16 for F16)."""
+    path = Path(path)
+    reader = open_gguf(path)
+    arch = gguf_architecture(reader, path)
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))  # type: ignore[call-overload]
+    kv_field = reader.fields.get(f"{arch}.attention.head_count_kv")
+    n_kv_head = int(kv_field.contents()) if kv_field is not None else n_head
+    for t in reader.tensors:
+        if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+            raise ModelLoadError(
+                f"{path}: tensor {t.name!r} has type {t.tensor_type.name}, which is not supported "
+                f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_TENSOR_TYPES))})"
+            )
+        name = hf_tensor_name(t.name)
+        if name is None:
+            continue
+        shape = [int(d) for d in reversed(t.shape.tolist())]
+        w = dequantize(t.data, t.tensor_type).reshape(shape)
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+            w = _unpermute_rows(w, n_head if ".attn_q." in t.name else n_kv_head)
+        with warnings.catch_warnings():
+            # Unquantized tensors are read-only views of the memory-mapped file; we only read them.
+            warnings.simplefilter("ignore", UserWarning)
+            yield name, torch.from_numpy(w)

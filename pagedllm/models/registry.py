@@ -1,0 +1,32 @@
+"""Architecture name (HF `config.architectures`) -> model class."""
+
+from __future__ import annotations
+
+import importlib
+
+from torch import nn
+
+from pagedllm.models.loader.errors import ModelLoadError
+
+# Imported lazily, so asking for one architecture does not import every model file.
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("pagedllm.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("pagedllm.models.mistral", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("pagedllm.models.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("pagedllm.models.qwen3", "Qwen3ForCausalLM"),
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def resolve_model_cls(architectures: list[str] | None) -> type[nn.Module]:
+    """The class for the first supported name in `architectures`."""
+    for arch in architectures or []:
+        if arch in _MODELS:
+            module, cls = _MODELS[arch]
+            return getattr(importlib.import_module(module), cls)
+    raise ModelLoadError(
+        f"model architecture {architectures} is not supported; supported: {', '.join(supported_architectures())}"
+    )
