@@ -140,7 +140,7 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as e:
                 raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from e
-        if self.temperature < SAMPLING_EPS:
+        if _check_number("temperature", self.temperature) < SAMPLING_EPS:
             # Greedy: the truncation knobs cannot change the argmax, so turn them off.
             self.top_p = 1.0
             self.top_k = 0

@@ -128,7 +128,11 @@ class PassConfig:
         return None if mb is None else int(mb * 2**20)
 
     def enabled_passes(self) -> list[str]:
-        return [name for name in self.__dataclass_fields__ if name.startswith(("fuse_", "enable_")) and getattr(self, name)]
+        return [
+            name
+            for name in self.__dataclass_fields__
+            if name.startswith(("fuse_", "enable_")) and getattr(self, name)
+        ]
 
     def log_enabled_passes(self) -> None:
         logger.debug("enabled compilation passes: %s", ", ".join(self.enabled_passes()) or "none")
@@ -218,7 +222,9 @@ class CompilationConfig:
             return
         graph_mode = self.cudagraph_mode or CUDAGraphMode.NONE
         if self.mode == CompilationMode.VLLM_COMPILE and not self.use_inductor_graph_partition:
-            self.splitting_ops = list(ATTENTION_SPLITTING_OPS) if graph_mode.has_piecewise_cudagraphs() else []
+            self.splitting_ops = (
+                list(ATTENTION_SPLITTING_OPS) if graph_mode.has_piecewise_cudagraphs() else []
+            )
         else:
             self.splitting_ops = []
 
@@ -245,9 +251,10 @@ class CompilationConfig:
         seen = set(self.enabled_custom_ops) | set(self.disabled_custom_ops)
         for entry in self.custom_ops:
             if entry[:1] in "+-" and entry[1:] not in seen:
-                logger.warning("custom op %r from custom_ops=%s was not used by the model", entry[1:], self.custom_ops)
+                logger.warning(
+                    "custom op %r from custom_ops=%s was not used by the model", entry[1:], self.custom_ops
+                )
 
     def compute_hash(self) -> str:
         # Paths and warm-up counts do not change what is compiled.
         return hash_all_fields_except(self, ("debug_dump_path", "cache_dir", "cudagraph_num_of_warmups"))
-

@@ -34,7 +34,12 @@ from pagedllm.config.features import (
     WeightTransferConfig,
 )
 from pagedllm.config.kernel import KernelConfig
-from pagedllm.config.kv_transfer import ECTransferConfig, EncoderCacheManagerConfig, KVEventsConfig, KVTransferConfig
+from pagedllm.config.kv_transfer import (
+    ECTransferConfig,
+    EncoderCacheManagerConfig,
+    KVEventsConfig,
+    KVTransferConfig,
+)
 from pagedllm.config.load import LoadConfig
 from pagedllm.config.lora import LoRAConfig
 from pagedllm.config.model import ModelConfig
@@ -236,7 +241,9 @@ class EngineConfig:
 
         return engine_config_hash(self, include_version)
 
-    def with_hf_config(self, hf_config: PretrainedConfig, architectures: list[str] | None = None) -> EngineConfig:
+    def with_hf_config(
+        self, hf_config: PretrainedConfig, architectures: list[str] | None = None
+    ) -> EngineConfig:
         """A copy of this config for a sub-model (e.g. a draft model) described by `hf_config`."""
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -276,18 +283,20 @@ class EngineConfig:
             f"PAGEDLLM_TRACE_FUNCTION_for_process_{os.getpid()}_thread_{threading.get_ident()}_at_"
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}.log"
         ).replace(" ", "_")
-        path = Path(tempfile.gettempdir()) / user / "pagedllm" / f"pagedllm-instance-{self.instance_id}" / name
+        path = (
+            Path(tempfile.gettempdir()) / user / "pagedllm" / f"pagedllm-instance-{self.instance_id}" / name
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         _enable_trace_function_call(path)
 
     def validate_block_size(self) -> None:
         """Checks that need the final block size (called after the platform/worker fixed it)."""
-        from pagedllm.config.construction import validate_block_size
+        from pagedllm.config.construction_checks import validate_block_size
 
         validate_block_size(self)
 
     def adjust_dcp_kv_cache_interleave_size(self, kv_cache_config: Any) -> None:
-        from pagedllm.config.construction import adjust_dcp_kv_cache_interleave_size
+        from pagedllm.config.construction_checks import adjust_dcp_kv_cache_interleave_size
 
         adjust_dcp_kv_cache_interleave_size(self, kv_cache_config)
 
@@ -297,7 +306,9 @@ class EngineConfig:
         try_verify_and_update_config(self)
 
     @staticmethod
-    def get_quantization_config(model_config: ModelConfig, load_config: LoadConfig) -> QuantizationConfig | None:
+    def get_quantization_config(
+        model_config: ModelConfig, load_config: LoadConfig
+    ) -> QuantizationConfig | None:
         from pagedllm.config.construction import resolve_quantization_config
 
         return resolve_quantization_config(copy.deepcopy(model_config), load_config)
@@ -319,13 +330,17 @@ class EngineConfig:
         cc = self.cache_config
         if mc is None:
             return self
-        if cc.mamba_block_size is not None and cc.mamba_block_size != mc.max_model_len and not cc.enable_prefix_caching:
+        if (
+            cc.mamba_block_size is not None
+            and cc.mamba_block_size != mc.max_model_len
+            and not cc.enable_prefix_caching
+        ):
             raise ValueError("mamba_block_size can only be set together with enable_prefix_caching=True")
         return self
 
     @model_validator(mode="after")
     def validate_mamba_cached_kernel(self) -> EngineConfig:
-        from pagedllm.config.construction import validate_replayssm
+        from pagedllm.config.construction_checks import validate_replayssm
 
         validate_replayssm(self)
         return self

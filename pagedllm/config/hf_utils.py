@@ -42,8 +42,9 @@ def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
         theta = getattr(config, "rope_theta", None)
         if theta is not None:
             merged.setdefault("rope_theta", theta)
-    if "type" in merged and "rope_type" not in merged:
-        merged["rope_type"] = merged.pop("type")
+    if "type" in merged:
+        legacy = merged.pop("type")
+        merged.setdefault("rope_type", legacy)
     merged.setdefault("rope_type", "default")
     return merged
 

@@ -62,7 +62,8 @@ class ModelArchConfig:
 
 
 def _checkpoint_dtype(hf_config: PretrainedConfig) -> torch.dtype | None:
-    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    # transformers >= 5 names it `dtype`; older configs `torch_dtype` (reading that one warns in v5).
+    value = hf_config.dtype if hasattr(hf_config, "dtype") else getattr(hf_config, "torch_dtype", None)
     if isinstance(value, str):
         return _DTYPE_NAMES.get(value)
     return value if isinstance(value, torch.dtype) else None
@@ -162,7 +163,11 @@ class ModelConfig:
                 raise ValueError(f"quantization='gguf' but model {self.model!r} is not a GGUF file")
             quant = getattr(hf_config, "quantization_config", None)
             if quant:
-                method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+                method = (
+                    quant.get("quant_method")
+                    if isinstance(quant, dict)
+                    else getattr(quant, "quant_method", "?")
+                )
                 raise ValueError(
                     f"model {self.model!r} is quantized with {method!r}, which is not supported "
                     "(supported: unquantized safetensors, GGUF)"
@@ -312,7 +317,9 @@ class ModelConfig:
     def get_total_num_layers(self) -> int:
         return int(self.hf_text_config.num_hidden_layers)
 
-    def get_layers_start_end_indices(self, parallel_config: ParallelConfig, pp_rank: int = 0) -> tuple[int, int]:
+    def get_layers_start_end_indices(
+        self, parallel_config: ParallelConfig, pp_rank: int = 0
+    ) -> tuple[int, int]:
         """The layer range of pipeline stage `pp_rank` (earlier stages take the remainder)."""
         total, stages = self.get_total_num_layers(), parallel_config.pipeline_parallel_size
         base, extra = divmod(total, stages)
@@ -343,7 +350,9 @@ class ModelConfig:
         """Sampling defaults the model asks for (generation_config.json, then overrides)."""
         generation = self._generation_config_dict()
         generation.update(self.override_generation_config)
-        return {name: generation[key] for key, name in _GENERATION_KEYS.items() if generation.get(key) is not None}
+        return {
+            name: generation[key] for key, name in _GENERATION_KEYS.items() if generation.get(key) is not None
+        }
 
     @property
     def bos_token_id(self) -> int | None:
@@ -354,7 +363,10 @@ class ModelConfig:
     def eos_token_ids(self) -> list[int]:
         """Every token id that ends generation: the config's eos plus generation_config's eos."""
         ids: list[int] = []
-        for value in (getattr(self.hf_text_config, "eos_token_id", None), self._generation_config_dict().get("eos_token_id")):
+        for value in (
+            getattr(self.hf_text_config, "eos_token_id", None),
+            self._generation_config_dict().get("eos_token_id"),
+        ):
             for token in value if isinstance(value, list) else [value]:
                 if isinstance(token, int) and token not in ids:
                     ids.append(token)
@@ -385,7 +397,9 @@ class ModelConfig:
             )
         kv = self.get_total_num_kv_heads()
         if kv % tp and tp % kv:
-            raise ValueError(f"tensor_parallel_size ({tp}) and the KV head count ({kv}) must divide one another")
+            raise ValueError(
+                f"tensor_parallel_size ({tp}) and the KV head count ({kv}) must divide one another"
+            )
         pp, layers = parallel_config.pipeline_parallel_size, self.get_total_num_layers()
         if pp > layers:
             raise ValueError(f"pipeline_parallel_size ({pp}) exceeds the number of layers ({layers})")

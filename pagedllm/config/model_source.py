@@ -117,10 +117,16 @@ def download_model_files(
             etag_timeout=5,
         )
     except LocalEntryNotFoundError as e:
-        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "the Hub is unreachable"
-        raise ValueError(f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {why}; {hint}") from e
+        why = (
+            "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "the Hub is unreachable"
+        )
+        raise ValueError(
+            f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {why}; {hint}"
+        ) from e
     except (HfHubHTTPError, OSError) as e:
-        raise ValueError(f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {e}; {hint}") from e
+        raise ValueError(
+            f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {e}; {hint}"
+        ) from e
     return Path(local)
 
 

@@ -14,6 +14,7 @@ from pagedllm.config.utils import env_flag
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
 
+
 def _batch_invariant() -> bool:
     return bool(env_flag("PAGEDLLM_BATCH_INVARIANT"))
 

@@ -154,7 +154,9 @@ class EngineCoreProc:
                 self.core.add_request(message)
             except ValueError as e:
                 # An invalid request fails alone; the core keeps serving the others.
-                self.output_queue.put((OutputKind.OUTPUTS, EngineCoreOutputs(errors={message.request_id: str(e)})))
+                self.output_queue.put(
+                    (OutputKind.OUTPUTS, EngineCoreOutputs(errors={message.request_id: str(e)}))
+                )
         else:
             self.core.abort_requests(message)
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.layers.linear import check_tp_size, default_weight_loader
+from pagedllm.layers.linear import check_tp_size
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -18,7 +18,6 @@ class VocabParallelEmbedding(nn.Module):
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
-        self.weight.weight_loader = default_weight_loader  # type: ignore[attr-defined]
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)

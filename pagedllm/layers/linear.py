@@ -1,7 +1,7 @@
 """Linear layers named and shaped like vLLM's tensor-parallel ones, at tensor-parallel size 1.
 
-Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that copies a checkpoint
-tensor into it (converting the dtype on the way: the only copy of the weight at load time). Merged
+Each layer has a `weight_loader(param, loaded_weight[, shard_id])` that copies a checkpoint tensor
+into one of its parameters (converting the dtype on the way: the only copy of the weight at load time). Merged
 layers take the HF pieces one at a time: `QKVParallelLinear` its "q"/"k"/"v" shards, and
 `MergedColumnParallelLinear` its numbered shards (gate=0, up=1), each into its rows of the fused weight,
 so one GEMM serves all of them at run time.
@@ -11,13 +11,10 @@ Tensor parallelism is not implemented yet: `tp_size > 1` raises instead of silen
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-WeightLoader = Callable[..., None]
 
 
 def check_tp_size(tp_size: int) -> None:
@@ -33,11 +30,6 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
     param.data.copy_(loaded_weight)
 
 
-def _set_loader(param: nn.Parameter, loader: WeightLoader) -> nn.Parameter:
-    param.weight_loader = loader  # type: ignore[attr-defined]
-    return param
-
-
 class LinearBase(nn.Module):
     """`y = x @ W^T (+ b)` with `W` of shape [output_size, input_size]."""
 
@@ -46,9 +38,9 @@ class LinearBase(nn.Module):
         check_tp_size(tp_size)
         self.input_size = input_size
         self.output_size = output_size
-        self.weight = _set_loader(nn.Parameter(torch.empty(output_size, input_size)), self.weight_loader)
+        self.weight = nn.Parameter(torch.empty(output_size, input_size))
         if bias:
-            self.bias: nn.Parameter | None = _set_loader(nn.Parameter(torch.empty(output_size)), self.weight_loader)
+            self.bias: nn.Parameter | None = nn.Parameter(torch.empty(output_size))
         else:
             self.register_parameter("bias", None)
 

@@ -1,6 +1,6 @@
 """The sampler: one vectorized pass from the batch's logits to one token per request.
 
-Steps (vLLM V1 order): raw logprobs (if asked) -> logit bias -> penalties -> bans (allowed_token_ids,
+Steps (vLLM V1 order): logprobs of the raw logits (if asked) -> logit bias -> penalties -> bans (allowed_token_ids,
 bad words, stop tokens under min_tokens) -> greedy argmax -> temperature -> min-p -> top-k/top-p ->
 exponential race. Greedy and random rows share the batch; seeded rows draw from their own generators.
 """
@@ -22,26 +22,44 @@ from pagedllm.sample.ops import (
     random_sample,
 )
 
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
 
 @dataclass
 class SamplerOutput:
     # [num_reqs] int64
     sampled_token_ids: torch.Tensor
-    # Logprobs of the sampled token (column 0) and the batch's max_num_logprobs top tokens, from the
-    # raw distribution (before any processing, vLLM's default "raw_logprobs"); None if no row asked.
+    # The sampled token (column 0) and the batch's max_num_logprobs top tokens, with the sampled token's
+    # rank; values as the sampler's logprobs_mode says. None if no row asked for logprobs.
     logprobs: LogprobsTensors | None
 
 
 class Sampler(nn.Module):
+    """``logprobs_mode`` (ModelConfig.logprobs_mode): "raw_logprobs" (vLLM's default: log-softmax of
+    the model's logits), "raw_logits", or the "processed_" variants, taken after bias, penalties, bans,
+    temperature and truncation (what the token was actually drawn from)."""
+
+    def __init__(self, logprobs_mode: str = "raw_logprobs") -> None:
+        super().__init__()
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode={logprobs_mode!r} is not supported; use one of {LOGPROBS_MODES}")
+        self.logprobs_mode = logprobs_mode
+
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """``logits`` [num_reqs, vocab] float32; modified in place."""
-        raw_logprobs = compute_logprobs(logits) if metadata.max_num_logprobs is not None else None
+        num_logprobs = metadata.max_num_logprobs
+        raw = None
+        if num_logprobs is not None and self.logprobs_mode == "raw_logprobs":
+            raw = compute_logprobs(logits)
+        elif num_logprobs is not None and self.logprobs_mode == "raw_logits":
+            raw = logits.clone()
         logits = self.process_logits(logits, metadata)
-        sampled = self.sample(logits, metadata)
+        sampled, processed = self.sample(logits, metadata)
         logprobs = None
-        if raw_logprobs is not None:
-            assert metadata.max_num_logprobs is not None
-            logprobs = gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
+        if num_logprobs is not None:
+            if raw is None:
+                raw = compute_logprobs(processed) if self.logprobs_mode == "processed_logprobs" else processed
+            logprobs = gather_logprobs(raw, num_logprobs, sampled)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
     @staticmethod
@@ -70,19 +88,19 @@ class Sampler(nn.Module):
         return logits
 
     @staticmethod
-    def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sampled ids and the logits they were drawn from (greedy rows: temperature 1, untruncated)."""
         greedy = None if metadata.all_random else logits.argmax(dim=-1)
         if metadata.all_greedy:
             assert greedy is not None
-            return greedy
+            return greedy, logits
         assert metadata.temperature is not None
         logits = apply_temperature(logits, metadata.temperature)
         if metadata.min_p is not None:
             logits = apply_min_p(logits, metadata.min_p)
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        probs = logits.softmax(dim=-1)
-        sampled = random_sample(probs, metadata.generators)
+        sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
         if greedy is None:
-            return sampled
+            return sampled, logits
         assert metadata.greedy_mask is not None
-        return torch.where(metadata.greedy_mask, greedy, sampled)
+        return torch.where(metadata.greedy_mask, greedy, sampled), logits

@@ -152,9 +152,13 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, "model", self.attention_options(config))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_weights()
+        self.logits_processor = LogitsProcessor()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head (again after `to_empty`, which unties them)."""
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
-        self.logits_processor = LogitsProcessor()
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:
@@ -190,7 +194,10 @@ class LlamaForCausalLM(nn.Module):
             param = params.get(target)
             if param is None:
                 raise ModelLoadError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
-            loader = getattr(param, "weight_loader", default_weight_loader)
+            # Parameters are looked up by name and loaded by their module: materializing the model
+            # (`to_empty`) replaces the Parameter objects, so nothing is attached to them.
+            owner = self.get_submodule(target.rpartition(".")[0])
+            loader = getattr(owner, "weight_loader", default_weight_loader)
             try:
                 if shard is None:
                     loader(param, tensor)

@@ -60,7 +60,9 @@ def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.
     return LogprobsTensors(token_ids, token_logprobs, ranks)
 
 
-def compute_prompt_logprobs(logits: torch.Tensor, target_token_ids: torch.Tensor, num_logprobs: int) -> LogprobsTensors:
+def compute_prompt_logprobs(
+    logits: torch.Tensor, target_token_ids: torch.Tensor, num_logprobs: int
+) -> LogprobsTensors:
     """Prompt logprobs of one request chunk: ``logits`` [T, vocab] at positions i predict
     ``target_token_ids`` [T] (the prompt token at i + 1), from the raw distribution as vLLM.
 

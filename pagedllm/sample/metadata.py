@@ -91,7 +91,9 @@ def build_sampling_metadata(
         if any(p.min_p > 0.0 for p in params):
             min_p = tensor([p.min_p for p in params], torch.float32)
 
-    num_logprobs = [None if p.logprobs is None else (vocab_size if p.logprobs == -1 else p.logprobs) for p in params]
+    num_logprobs = [
+        None if p.logprobs is None else (vocab_size if p.logprobs == -1 else p.logprobs) for p in params
+    ]
     asked = [k for k in num_logprobs if k is not None]
 
     use_presence = any(p.presence_penalty != 0.0 for p in params)
@@ -137,7 +139,11 @@ def build_sampling_metadata(
                 ban_ids.append(word[-1])
     logit_bias = None
     if bias_rows:
-        logit_bias = (tensor(bias_rows, torch.int64), tensor(bias_ids, torch.int64), tensor(bias_values, torch.float32))
+        logit_bias = (
+            tensor(bias_rows, torch.int64),
+            tensor(bias_ids, torch.int64),
+            tensor(bias_values, torch.float32),
+        )
     banned = (tensor(ban_rows, torch.int64), tensor(ban_ids, torch.int64)) if ban_rows else None
 
     return SamplingMetadata(

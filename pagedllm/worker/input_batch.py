@@ -45,14 +45,18 @@ class InputBatch:
             raise ValueError(f"request {req.req_id!r} is already in the model runner's batch")
         n = len(req.token_ids)
         if n > self.max_model_len:
-            raise ValueError(f"request {req.req_id!r} has {n} tokens, more than max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"request {req.req_id!r} has {n} tokens, more than max_model_len={self.max_model_len}"
+            )
         if len(req.block_ids) > self.max_num_blocks_per_req:
             raise ValueError(
                 f"request {req.req_id!r} has {len(req.block_ids)} blocks, more than the "
                 f"{self.max_num_blocks_per_req} a max_model_len sequence needs"
             )
         if not self._free_rows:
-            raise RuntimeError(f"the model runner's batch is full ({self.max_num_reqs} requests, max_num_seqs)")
+            raise RuntimeError(
+                f"the model runner's batch is full ({self.max_num_reqs} requests, max_num_seqs)"
+            )
         row = self._free_rows.pop()
         self.req_id_to_row[req.req_id] = row
         self.req_ids[row] = req.req_id

@@ -8,7 +8,7 @@ the keys each query attends to. Two paths, chosen per request from host-side len
   cache block) pair becomes one batch entry: the blocks are gathered from the paged cache with one
   `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x [B, kv_heads, head,
   block_size]`, and the softmax is done across each request's blocks with segment reductions
-  (`index_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
+  (`scatter_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
   last block (< block_size keys), so the cost is linear in the tokens attended to, with a fixed
   number of kernel launches per layer and no Python work per request or per token.
 * Prefill segments (query length > 1): one `scaled_dot_product_attention` per request, which runs
@@ -43,6 +43,10 @@ class _DecodePlan:
     block_ids: torch.Tensor
     # [B, block_size]: which keys of the block the request may attend to.
     valid: torch.Tensor
+    # Entries with masked keys (last blocks, sliding-window starts) and their masks: those value
+    # rows are zeroed, since a never-written slot may hold NaN and 0 * NaN would poison the sum.
+    tail: torch.Tensor
+    tail_valid: torch.Tensor
     # True when every request has exactly one block: a plain softmax, no segment reductions.
     single_block: bool
 
@@ -85,18 +89,24 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
     req_of_block_np = np.repeat(np.arange(dec.size), nblk)
     blk_in_req_np = np.arange(total) - np.repeat(np.cumsum(nblk) - nblk, nblk) + first[req_of_block_np]
 
-    req_of_block = torch.from_numpy(req_of_block_np).to(device)
-    blk_in_req = torch.from_numpy(blk_in_req_np).to(device)
-    dec_t = torch.from_numpy(dec).to(device)
-    block_ids = md.block_tables[dec_t.index_select(0, req_of_block), blk_in_req].long()
-    pos = blk_in_req.unsqueeze(1) * block_size + torch.arange(block_size, device=device)
-    seq_of_block = torch.from_numpy(dseq).to(device).index_select(0, req_of_block).unsqueeze(1)
-    valid = pos < seq_of_block
+    pos = blk_in_req_np[:, None] * block_size + np.arange(block_size)
+    seq_of_block = dseq[req_of_block_np][:, None]
+    valid_np = pos < seq_of_block
     if window is not None:
-        valid &= pos >= seq_of_block - window
+        valid_np &= pos >= seq_of_block - window
+    tail_np = np.flatnonzero(~valid_np.all(axis=1))
+
+    req_of_block = torch.from_numpy(req_of_block_np).to(device)
+    dec_t = torch.from_numpy(dec).to(device)
+    blk_in_req = torch.from_numpy(blk_in_req_np).to(device)
+    block_ids = md.block_tables[dec_t.index_select(0, req_of_block), blk_in_req].long()
+    valid = torch.from_numpy(valid_np).to(device)
+    tail = torch.from_numpy(tail_np).to(device)
     contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
     rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
-    decode = _DecodePlan(rows, int(dec.size), req_of_block, block_ids, valid, bool((nblk == 1).all()))
+    decode = _DecodePlan(
+        rows, int(dec.size), req_of_block, block_ids, valid, tail, valid.index_select(0, tail), bool((nblk == 1).all())
+    )
     return _Plan(decode, prefills)
 
 
@@ -172,7 +182,9 @@ class TorchPagedAttentionImpl(AttentionImpl):
         q = (q * self.scale).view(p.num_reqs, self.num_kv_heads, group, self.head_size)
         qb = q.index_select(0, p.req_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
         kb = kv_cache[0].index_select(0, p.block_ids).transpose(1, 2)  # [B, Hkv, bs, D]
-        vb = kv_cache[1].index_select(0, p.block_ids).transpose(1, 2)
+        vb = kv_cache[1].index_select(0, p.block_ids)
+        vb.index_copy_(0, p.tail, vb.index_select(0, p.tail).masked_fill_(~p.tail_valid[:, :, None, None], 0))
+        vb = vb.transpose(1, 2)
         scores = torch.matmul(qb, kb.transpose(-1, -2)).float()  # [B, Hkv, G, bs]
         scores.masked_fill_(~p.valid[:, None, None, :], float("-inf"))
         if p.single_block:
@@ -183,7 +195,8 @@ class TorchPagedAttentionImpl(AttentionImpl):
             req_max = torch.full(
                 (p.num_reqs, *blk_max.shape[1:]), float("-inf"), dtype=blk_max.dtype, device=blk_max.device
             )
-            req_max.index_reduce_(0, p.req_of_block, blk_max, "amax")
+            index = p.req_of_block.view(-1, 1, 1).expand_as(blk_max)
+            req_max.scatter_reduce_(0, index, blk_max, "amax")
             probs = torch.exp(scores - req_max.index_select(0, p.req_of_block).unsqueeze(-1))
             denom = torch.zeros_like(req_max).index_add_(0, p.req_of_block, probs.sum(dim=-1))
             o_blk = torch.matmul(probs.to(vb.dtype), vb).float()  # [B, Hkv, G, D]

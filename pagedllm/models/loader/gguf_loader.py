@@ -22,6 +22,7 @@ from pagedllm.models.loader.errors import ModelLoadError
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
@@ -52,6 +53,8 @@ _PER_BLOCK = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Architectures whose q/k rows llama.cpp's converter permutes.
+_PERMUTED_ARCHS = {"llama", "mistral"}
 # Tables llama.cpp stores but HF derives from the config (llama3 rope frequency factors).
 _DERIVED = {"rope_freqs.weight"}
 
@@ -120,7 +123,7 @@ def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         shape = [int(d) for d in reversed(t.shape.tolist())]
         w = dequantize(t.data, t.tensor_type).reshape(shape)
-        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
+        if arch in _PERMUTED_ARCHS and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute_rows(w, n_head if ".attn_q." in t.name else n_kv_head)
         with warnings.catch_warnings():
             # Unquantized tensors are read-only views of the memory-mapped file; we only read them.

@@ -17,7 +17,7 @@ import difflib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 CONFIG_FILE_FLAG = "--config"
 
@@ -85,6 +85,8 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Abbreviations would silently accept typos such as `--max-num-seq`; vLLM turns them off too.
         kwargs.setdefault("allow_abbrev", False)
+        # Group descriptions list a JSON option's keys one per line; keep that layout.
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
         self._subparsers_action: argparse._SubParsersAction | None = None
 
@@ -220,10 +222,17 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
             parser = child
         return parser
 
-    def _hint(self, flag: str) -> str:
+    def _suggestions(self, flag: str) -> list[str]:
         candidates = [s for s in self._option_string_actions if s.startswith("--")]
-        matches = difflib.get_close_matches(flag, candidates, n=3, cutoff=0.6)
+        return difflib.get_close_matches(flag, candidates, n=3, cutoff=0.6)
+
+    def _hint(self, flag: str) -> str:
+        matches = self._suggestions(flag)
         return f" (did you mean {', '.join(matches)}?)" if matches else ""
+
+    def error(self, message: str) -> NoReturn:
+        # The full usage of an engine command is a hundred lines; the message and a pointer suffice.
+        self.exit(2, f"{self.prog}: error: {message}\n(run `{self.prog} --help` for the options)\n")
 
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -235,8 +244,8 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
             for extra in extras:
                 if extra.startswith("-"):
                     flag = extra.split("=", 1)[0]
-                    hint = leaf._hint(flag)
-                    if hint:
-                        lines.append(f"  {flag}:{hint}")
+                    matches = leaf._suggestions(flag)
+                    if matches:
+                        lines.append(f"  {flag}: did you mean {', '.join(matches)}?")
             leaf.error("\n".join(lines))
         return parsed

@@ -1,0 +1,154 @@
+"""The single gate between what the configuration can express and what pagedllm implements.
+
+Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
+not have (LoRA, speculative decoding, KV connectors and offloading, pipeline/data/context
+parallelism, DBO, engram, diffusion, watermarking, ...). Their sub-configs and rules exist so that the
+spec's algorithms (CUDA-graph capture sizes with speculative decode, lookahead slots, KV offloading ->
+connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
+error, never a silently ignored flag. So `EngineConfig.__post_init__` runs the whole construction and
+then calls `check_supported`, which lists every enabled feature outside `SUPPORTED` and raises one
+ValueError naming each flag.
+
+`allow_unsupported()` lifts the gate inside a `with` block. It exists for the algorithm tests and for
+planning tools (e.g. printing the graph sizes a speculative config would get); the engine itself calls
+`check_supported` again when it starts, so a config built under the lifted gate can never run.
+When a feature gets implemented, delete its entry from `_checks` and say so in SUPPORTED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedllm.config.engine import EngineConfig
+
+# What the engine implements, for the error message and the docs.
+SUPPORTED = (
+    "dense decoder models (Llama, Mistral, Qwen2, Qwen3) from HF safetensors directories or GGUF files; "
+    "dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
+    "priority scheduling; tensor parallelism; torch.compile levels O0-O3; CUDA graphs on CUDA; "
+    "load formats auto/safetensors/gguf/dummy"
+)
+
+_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+_STRUCTURED_BACKENDS = ("auto", "xgrammar")
+
+_MLA_PASSES = ("fuse_rope_kvcache_cat_mla", "fuse_mla_dual_rms_norm")
+
+_allow_depth = 0
+
+
+def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
+    mc, cc, pc, sc = cfg.model_config, cfg.cache_config, cfg.parallel_config, cfg.scheduler_config
+    passes = cfg.compilation_config.pass_config
+    kve = cfg.kv_events_config
+    checks: list[tuple[bool, str]] = [
+        (cfg.lora_config is not None, "lora_config (LoRA adapters)"),
+        (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
+        (cc.kv_offloading_size is not None, "cache_config.kv_offloading_size (KV offloading)"),
+        (
+            cc.kv_offloading_size is None
+            and cfg.kv_transfer_config is not None
+            and cfg.kv_transfer_config.kv_connector is not None,
+            "kv_transfer_config.kv_connector (KV transfer connectors such as NIXL)",
+        ),
+        (
+            kve is not None and (kve.enable_kv_cache_events or kve.publisher != "null"),
+            "kv_events_config (KV cache events)",
+        ),
+        (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
+        (
+            cfg.ec_manager_config.manager_cls is not None,
+            "ec_manager_config.manager_cls (custom encoder cache)",
+        ),
+        (cfg.diffusion_config is not None, "diffusion_config (diffusion LLM decoding)"),
+        (cfg.engram_config is not None, "engram_config (engram layers)"),
+        (cfg.watermark_config is not None, "watermark_config (watermarking)"),
+        (cfg.reasoning_config is not None, "reasoning_config (reasoning parsers)"),
+        (cfg.weight_transfer_config is not None, "weight_transfer_config (RL weight transfer)"),
+        (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
+        (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
+        (cfg.offload_config.cpu_offload_gb > 0, "offload_config.cpu_offload_gb (weight offloading)"),
+        (pc.pipeline_parallel_size > 1, "parallel_config.pipeline_parallel_size > 1 (pipeline parallelism)"),
+        (pc.data_parallel_size > 1, "parallel_config.data_parallel_size > 1 (data parallelism)"),
+        (pc.decode_context_parallel_size > 1, "parallel_config.decode_context_parallel_size > 1"),
+        (pc.prefill_context_parallel_size > 1, "parallel_config.prefill_context_parallel_size > 1"),
+        (pc.enable_dbo, "parallel_config.enable_dbo (dual batch overlap)"),
+        (pc.enable_expert_parallel, "parallel_config.enable_expert_parallel (expert parallelism)"),
+        (pc.enable_eplb, "parallel_config.enable_eplb (expert load balancing)"),
+        (bool(pc.enable_batch_sharded_sampling), "parallel_config.enable_batch_sharded_sampling"),
+        (
+            pc.distributed_executor_backend == "external_launcher",
+            "distributed_executor_backend='external_launcher'",
+        ),
+        (cc.cache_dtype.startswith("fp8"), f"cache_config.cache_dtype={cc.cache_dtype!r} (FP8 KV cache)"),
+        (cc.kv_sharing_fast_prefill, "cache_config.kv_sharing_fast_prefill"),
+        (cc.use_replayssm, "cache_config.use_replayssm (Mamba state replay)"),
+        (cc.mamba_block_size is not None, "cache_config.mamba_block_size (Mamba state cache)"),
+        (sc.scheduler_cls is not None, "scheduler_config.scheduler_cls (custom schedulers)"),
+        (
+            cfg.structured_outputs_config.backend not in _STRUCTURED_BACKENDS,
+            f"structured_outputs_config.backend={cfg.structured_outputs_config.backend!r} (only auto/xgrammar)",
+        ),
+        (
+            cfg.observability_config.otlp_traces_endpoint is not None,
+            "observability_config.otlp_traces_endpoint (tracing)",
+        ),
+        (
+            cfg.observability_config.collect_detailed_traces is not None,
+            "observability_config.collect_detailed_traces",
+        ),
+        (cfg.profiler_config.profiler == "proton", "profiler_config.profiler='proton'"),
+        (
+            cfg.load_config.load_format not in _LOAD_FORMATS,
+            f"load_config.load_format={cfg.load_config.load_format!r}",
+        ),
+    ]
+    # MLA-only passes do nothing for the (non-MLA) models pagedllm runs; MLA models are rejected below.
+    enabled_passes = [p for p in passes.enabled_passes() if p not in _MLA_PASSES]
+    checks.append(
+        (bool(enabled_passes), f"compilation_config.pass_config {', '.join(enabled_passes)} (fusion passes)")
+    )
+    if mc is not None:
+        checks += [
+            (mc.multimodal_config is not None, "model_config.multimodal_config (multimodal models)"),
+            (mc.pooler_config is not None, "model_config.pooler_config (pooling models)"),
+            (mc.convert not in ("auto", "none"), f"model_config.convert={mc.convert!r}"),
+            (mc.enable_prompt_embeds, "model_config.enable_prompt_embeds"),
+            (mc.enable_sleep_mode, "model_config.enable_sleep_mode"),
+            (mc.return_sampling_mask, "model_config.return_sampling_mask (sampling replay)"),
+            (mc.enable_trace_replay, "model_config.enable_trace_replay"),
+            (bool(mc.logits_processors), "model_config.logits_processors (custom logits processors)"),
+            (bool(mc.model_weights), "model_config.model_weights (separate weight location)"),
+            (mc.is_moe, f"mixture-of-experts model {mc.architecture}"),
+            (mc.is_hybrid, f"hybrid attention/SSM model {mc.architecture}"),
+            (mc.use_mla, f"MLA attention model {mc.architecture}"),
+        ]
+    return checks
+
+
+def unsupported_features(cfg: EngineConfig) -> list[str]:
+    """Every enabled feature pagedllm does not implement, each naming its flag."""
+    return [name for enabled, name in _checks(cfg) if enabled]
+
+
+def check_supported(cfg: EngineConfig) -> None:
+    """Raise ValueError naming every enabled feature outside SUPPORTED (unless the gate is lifted)."""
+    if _allow_depth:
+        return
+    found = unsupported_features(cfg)
+    if found:
+        raise ValueError("pagedllm does not support: " + "; ".join(found) + f". Supported: {SUPPORTED}.")
+
+
+@contextlib.contextmanager
+def allow_unsupported() -> Iterator[None]:
+    """Build configs with unimplemented features (algorithm tests, planning); never for running."""
+    global _allow_depth
+    _allow_depth += 1
+    try:
+        yield
+    finally:
+        _allow_depth -= 1

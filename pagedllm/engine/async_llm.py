@@ -1,0 +1,252 @@
+"""`AsyncLLM`: the asyncio front-end of the server over an EngineCore in its own process.
+
+The event loop only validates and tokenizes requests, detokenizes outputs and moves messages: the model
+runs in the core process (`AsyncMPClient`). One output-handler task reads the core's outputs, turns them
+into `RequestOutput`s (`OutputProcessor`) and drops each into its request's one-slot mailbox
+(`RequestOutputCollector`), which the request's `RequestStream` reads. Leaving a stream early (client
+disconnect, cancelled task) aborts the request in the core, which frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from pagedllm.engine.core_client import AsyncMPClient, EngineDeadError
+from pagedllm.engine.input_processor import InputProcessor, PromptType
+from pagedllm.engine.output_processor import OutputProcessor, ParentRequest, RequestOutputCollector
+from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.metrics.loggers import LoggingStatLogger
+from pagedllm.metrics.prometheus import PrometheusStatLogger
+from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+
+logger = logging.getLogger("pagedllm.engine.async_llm")
+
+
+class RequestStream:
+    """The outputs of one request, as an async iterator that ends after the final output.
+
+    Stopping early (break, cancellation, an exception in the consumer) aborts the request."""
+
+    def __init__(self, engine: AsyncLLM, request_id: str, collector: RequestOutputCollector) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self.collector = collector
+        self.finished = False
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                output = await self.collector.get()
+                self.finished = output.finished
+                yield output
+        finally:
+            if not self.finished:
+                self.abort()
+            self.engine._collectors.pop(self.request_id, None)
+
+    def abort(self) -> None:
+        """Abort the request in the engine (no-op once it finished)."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort_now(self.request_id)
+
+
+class AsyncLLM:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        client: AsyncMPClient,
+        tokenizer: Any,
+        model_name: str,
+        log_stats: bool = True,
+    ) -> None:
+        self.engine_config = engine_config
+        self.model_config = engine_config.model_config
+        self.tokenizer = tokenizer
+        self.client = client
+        self.input_processor = InputProcessor(self.model_config, tokenizer)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.max_model_len: int = int(self.model_config.max_model_len)
+        self._collectors: dict[str, RequestOutputCollector] = {}
+        self._tracker = RequestStatsTracker()
+        self.prometheus = PrometheusStatLogger(model_name, self.max_model_len)
+        self.stat_logger = LoggingStatLogger() if log_stats else None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._handler_error: EngineDeadError | None = None
+        loop = asyncio.get_running_loop()
+        self._output_task = loop.create_task(self._output_handler())
+        self._stats_task: asyncio.Task[None] | None = None
+        if self.stat_logger is not None:
+            self._stats_task = loop.create_task(
+                self._log_stats_loop(engine_config.logging_config.log_stats_interval)
+            )
+
+    @classmethod
+    async def create(cls, engine_config: EngineConfig, model_name: str, log_stats: bool = True) -> AsyncLLM:
+        """Start the engine core process and the front-end around it."""
+        from pagedllm.tokenizer import get_tokenizer
+
+        # Loading the tokenizer reads files: keep the event loop free meanwhile.
+        tokenizer = await asyncio.to_thread(get_tokenizer, engine_config.model_config)
+        client = await AsyncMPClient.start(engine_config)
+        return cls(engine_config, client, tokenizer, model_name, log_stats)
+
+    # ------------------------------------------------------------------------------------ requests
+    async def add_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int = 0
+    ) -> RequestStream:
+        """Validate and send a request (ValueError naming the problem if it is invalid)."""
+        self._raise_if_dead()
+        if request_id in self._collectors:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request, prompt_text = self.input_processor.process_inputs(
+            request_id, prompt, params, priority=priority
+        )
+        resolved = request.sampling_params
+        collector = RequestOutputCollector(resolved.output_kind)
+        if resolved.n == 1:
+            core_requests = [request]
+            self.output_processor.add_request(request, prompt_text, sink=collector)
+        else:
+            parent = ParentRequest(request_id, resolved, prompt_text, sink=collector)
+            core_requests = [
+                msgspec.structs.replace(
+                    request, request_id=child_id, sampling_params=parent.child_params(resolved, i)
+                )
+                for i, child_id in enumerate(parent.child_ids)
+            ]
+            for i, child in enumerate(core_requests):
+                self.output_processor.add_request(child, prompt_text, parent=parent, index=i)
+        self._collectors[request_id] = collector
+        try:
+            for core_request in core_requests:
+                await self._send(core_request)
+        except BaseException:
+            self.abort_now(request_id)
+            self._collectors.pop(request_id, None)
+            raise
+        return RequestStream(self, request_id, collector)
+
+    async def _send(self, request: EngineCoreRequest) -> None:
+        self._tracker.add_request(request.request_id, len(request.prompt_token_ids))
+        await self.client.add_request_async(request)
+
+    async def generate(
+        self, prompt: PromptType, sampling_params: SamplingParams | None, request_id: str, priority: int = 0
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of one request as they are produced (the final one has ``finished=True``)."""
+        stream = await self.add_request(request_id, prompt, sampling_params, priority)
+        async for output in stream:
+            yield output
+
+    def abort_now(self, request_id: str) -> None:
+        """Forget a request here and abort it in the core (the message is sent in the background)."""
+        core_ids = self.output_processor.abort_requests([request_id])
+        self._collectors.pop(request_id, None)
+        finished = (self._tracker.finish_request(i, FinishReason.ABORT) for i in core_ids)
+        finished_stats = [s for s in finished if s is not None]
+        if finished_stats:
+            self.prometheus.record(None, IterationStats(finished_requests=finished_stats))
+        if core_ids and not self.is_dead:
+            self._spawn(self.client.abort_requests_async(core_ids))
+
+    async def abort(self, request_id: str) -> None:
+        self.abort_now(request_id)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --------------------------------------------------------------------------------------- health
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        return self._handler_error or self.client.dead_error
+
+    @property
+    def is_dead(self) -> bool:
+        return self.dead_error is not None
+
+    def _raise_if_dead(self) -> None:
+        error = self.dead_error
+        if error is not None:
+            raise error
+
+    async def check_health(self) -> None:
+        """Raises EngineDeadError when the engine can no longer serve requests."""
+        self._raise_if_dead()
+        if not self.client.process.is_alive():
+            raise EngineDeadError("The engine core process is not running")
+
+    # --------------------------------------------------------------------------------- output loop
+    async def _output_handler(self) -> None:
+        try:
+            while True:
+                outputs = await self.client.get_output_async()
+                self._process(outputs)
+        except EngineDeadError as e:
+            self._fail_all(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            logger.exception("The output handler failed")
+            self._handler_error = EngineDeadError(
+                f"The server's output handler failed: {type(e).__name__}: {e}"
+            )
+            self._fail_all(self._handler_error)
+
+    def _process(self, outputs: EngineCoreOutputs) -> None:
+        processed = self.output_processor.process_outputs(outputs)
+        for request_id, message in processed.errors.items():
+            collector = self._collectors.get(request_id)
+            if collector is not None:
+                collector.put(ValueError(message))
+        if processed.reqs_to_abort:
+            # Stop strings finished these in the front-end; the core would keep generating.
+            self._spawn(self.client.abort_requests_async(processed.reqs_to_abort))
+        iteration_stats = self._tracker.update(outputs)
+        for core_id in processed.reqs_to_abort:
+            finished = self._tracker.finish_request(core_id, FinishReason.STOP)
+            if finished is not None:
+                iteration_stats.finished_requests.append(finished)
+        self.prometheus.record(outputs.scheduler_stats, iteration_stats)
+        if self.stat_logger is not None:
+            self.stat_logger.record(outputs.scheduler_stats, iteration_stats)
+
+    def _fail_all(self, error: Exception) -> None:
+        for collector in self._collectors.values():
+            collector.put(error)
+        self._collectors.clear()
+
+    async def _log_stats_loop(self, interval: float) -> None:
+        assert self.stat_logger is not None
+        while True:
+            await asyncio.sleep(interval)
+            self.stat_logger.log()
+
+    # ------------------------------------------------------------------------------------ shutdown
+    async def shutdown(self) -> None:
+        """Abort what is still running, stop the core process and the background tasks."""
+        for request_id, collector in list(self._collectors.items()):
+            collector.put(EngineDeadError("The server is shutting down"))
+            self.abort_now(request_id)
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=2)
+        tasks = [t for t in (self._output_task, self._stats_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.to_thread(self.client.shutdown)

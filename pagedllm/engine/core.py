@@ -1,0 +1,105 @@
+"""EngineCore: the scheduler and the executor, stepped one batch at a time.
+
+The front-end (LLMEngine in-process, or the server's engine-core process with its busy loop and ZMQ
+I/O in `core_proc.py`) feeds it `EngineCoreRequest`s and calls `step()` while
+`has_unfinished_requests()`. There is no process or socket code here, so the same object serves
+offline use and the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pagedllm.core.hashing import get_request_block_hasher
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from pagedllm.executor import Executor
+from pagedllm.worker.kv_cache import check_num_blocks, num_blocks_from_budget
+
+logger = logging.getLogger("pagedllm.engine")
+
+
+class EngineCore:
+    def __init__(
+        self, engine_config: Any, executor_class: type[Executor] | None = None, log_stats: bool = True
+    ) -> None:
+        self.engine_config = engine_config
+        executor_class = executor_class or Executor.get_class(engine_config)
+        self.model_executor = executor_class(engine_config)
+        try:
+            num_blocks = self._initialize_kv_caches()
+            cache_config = engine_config.cache_config
+            self.scheduler = Scheduler(
+                engine_config.scheduler_config,
+                cache_config,
+                num_blocks,
+                engine_config.model_config.max_model_len,
+                log_stats=log_stats,
+            )
+            self.block_hasher = get_request_block_hasher(cache_config)
+        except BaseException:
+            self.model_executor.shutdown()
+            raise
+        # Requests refused at admission, reported (once) by the next step().
+        self._admission_errors: dict[str, str] = {}
+
+    def _initialize_kv_caches(self) -> int:
+        """Size the KV cache in blocks, record it in `cache_config.num_gpu_blocks`, allocate it."""
+        cfg = self.engine_config
+        cache_config = cfg.cache_config
+        spec = self.model_executor.get_kv_cache_spec()
+        override = cache_config.num_gpu_blocks_override
+        # With an explicit block count there is nothing to measure (and no profiling forward to run).
+        budget = 0 if override is not None else self.model_executor.determine_available_kv_cache_bytes()
+        num_blocks = num_blocks_from_budget(budget, spec.bytes_per_block, override)
+        max_model_len = cfg.model_config.max_model_len
+        check_num_blocks(num_blocks, spec.block_size, max_model_len, spec.bytes_per_block)
+        cache_config.num_gpu_blocks = num_blocks
+        self.model_executor.initialize_kv_cache(num_blocks)
+        logger.info(
+            "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %.1fx max_model_len=%d)",
+            num_blocks,
+            spec.block_size,
+            num_blocks * spec.block_size,
+            num_blocks * spec.bytes_per_block / 2**20,
+            num_blocks * spec.block_size / max_model_len,
+            max_model_len,
+        )
+        return num_blocks
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request. A request the scheduler refuses (e.g. longer than max_model_len) does not
+        raise: the refusal is reported in the next `step()`'s `EngineCoreOutputs.errors`."""
+        try:
+            self.scheduler.add_request(Request.from_engine_core_request(request, self.block_hasher))
+        except Exception as e:  # the core must survive any bad request
+            if not isinstance(e, ValueError):
+                logger.exception("request %s could not be added", request.request_id)
+            self._admission_errors[request.request_id] = f"{type(e).__name__}: {e}"
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._admission_errors) or self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule one batch, run it, and return what each request produced."""
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            runner_output = self.model_executor.execute_model(scheduler_output)
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        else:
+            outputs = EngineCoreOutputs()
+        if self._admission_errors:
+            outputs.errors = self._admission_errors
+            self._admission_errors = {}
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.model_executor.shutdown()

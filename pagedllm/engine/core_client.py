@@ -1,0 +1,196 @@
+"""Client side of the engine core process: start it, send requests and aborts, receive outputs.
+
+`AsyncMPClient` spawns `pagedllm.engine.core_proc.run_engine_core` in a child process, waits for its
+READY handshake, then exchanges msgspec messages with it over ZMQ from the asyncio event loop. A monitor
+thread waits on the child's process sentinel, so a dead core (crash, OOM kill, kill -9) is noticed at
+once: pending and later calls fail with `EngineDeadError` instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from pagedllm.engine.core_proc import InputKind, OutputKind, StartupInfo, run_engine_core
+from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
+
+    from pagedllm.config import EngineConfig
+
+logger = logging.getLogger("pagedllm.engine.core_client")
+
+# Loading a large model onto a GPU can take minutes; a core that dies while starting is noticed at once.
+STARTUP_TIMEOUT_S = 900.0
+# How long a terminated core may take to exit before it is killed.
+_TERMINATE_TIMEOUT_S = 10.0
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core process is gone: no request can be served any more."""
+
+
+class AsyncMPClient:
+    """Talks to an EngineCore running in a child process (create it with `await AsyncMPClient.start`)."""
+
+    def __init__(self, engine_config: EngineConfig) -> None:
+        self._ipc_dir = tempfile.mkdtemp(prefix="pagedllm-")
+        input_addr = f"ipc://{os.path.join(self._ipc_dir, 'input')}"
+        output_addr = f"ipc://{os.path.join(self._ipc_dir, 'output')}"
+        self._ctx = zmq.asyncio.Context()
+        self._input = self._ctx.socket(zmq.PUSH)
+        self._input.setsockopt(zmq.LINGER, 0)
+        self._input.bind(input_addr)
+        self._output = self._ctx.socket(zmq.PULL)
+        self._output.setsockopt(zmq.LINGER, 0)
+        self._output.bind(output_addr)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self._dead_error: EngineDeadError | None = None
+        self._closed = False
+        self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
+        self._reader_task: asyncio.Task[None] | None = None
+        self.startup_info: StartupInfo | None = None
+        # spawn, not fork: the parent may hold threads (uvicorn, tokenizers) and torch state.
+        mp = multiprocessing.get_context("spawn")
+        self.process: BaseProcess = mp.Process(
+            target=run_engine_core,
+            args=(engine_config, input_addr, output_addr, os.getpid()),
+            name="EngineCore",
+            daemon=True,
+        )
+        self.process.start()
+
+    @classmethod
+    async def start(
+        cls, engine_config: EngineConfig, startup_timeout: float = STARTUP_TIMEOUT_S
+    ) -> AsyncMPClient:
+        client = cls(engine_config)
+        try:
+            await client._wait_ready(startup_timeout)
+        except BaseException:
+            client.shutdown()
+            raise
+        loop = asyncio.get_running_loop()
+        client._reader_task = loop.create_task(client._read_outputs())
+        threading.Thread(target=client._monitor, args=(loop,), name="EngineCoreMonitor", daemon=True).start()
+        return client
+
+    # ------------------------------------------------------------------------------------ start-up
+    async def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if await self._output.poll(200):
+                kind_frame, payload = await self._output.recv_multipart()
+                kind = OutputKind(kind_frame)
+                if kind is OutputKind.READY:
+                    self.startup_info = msgspec.msgpack.decode(payload, type=StartupInfo)
+                    return
+                if kind is OutputKind.FAILED:
+                    message = msgspec.msgpack.decode(payload, type=str)
+                    raise RuntimeError(f"The engine core failed to start: {message}")
+                raise RuntimeError(f"The engine core sent {kind.name} before it was ready")
+            if not self.process.is_alive():
+                raise RuntimeError(
+                    f"The engine core process exited with code {self.process.exitcode} while starting "
+                    "(see its log above)"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"The engine core did not start within {timeout:.0f} s")
+
+    # --------------------------------------------------------------------------- death detection
+    def _monitor(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Wait on the sentinel rather than join(): only shutdown() reaps the child, so two threads never
+        # race in waitpid.
+        multiprocessing.connection.wait([self.process.sentinel])
+        if self._closed:
+            return
+        message = f"The engine core process died unexpectedly (exit code {self.process.exitcode})"
+        with contextlib.suppress(RuntimeError):  # the loop may already be closed
+            loop.call_soon_threadsafe(self._mark_dead, message)
+
+    def _mark_dead(self, message: str) -> None:
+        if self._dead_error is not None or self._closed:
+            return
+        logger.error("%s", message)
+        self._dead_error = EngineDeadError(message)
+        self._outputs.put_nowait(self._dead_error)
+
+    async def _read_outputs(self) -> None:
+        while True:
+            kind_frame, payload = await self._output.recv_multipart()
+            kind = OutputKind(kind_frame)
+            if kind is OutputKind.OUTPUTS:
+                self._outputs.put_nowait(self._outputs_decoder.decode(payload))
+            elif kind is OutputKind.FAILED:
+                message = msgspec.msgpack.decode(payload, type=str)
+                self._mark_dead(f"The engine core failed: {message}")
+                return
+
+    # ---------------------------------------------------------------------------------------- API
+    @property
+    def is_dead(self) -> bool:
+        return self._dead_error is not None
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        return self._dead_error
+
+    def _ensure_alive(self) -> None:
+        if self._dead_error is not None:
+            raise self._dead_error
+        if self._closed:
+            raise EngineDeadError("The engine core client is shut down")
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._ensure_alive()
+        await self._input.send_multipart([InputKind.ADD.value, self._encoder.encode(request)])
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        # Aborting on a dead engine is a no-op: nothing is running there any more.
+        if not request_ids or self._dead_error is not None or self._closed:
+            return
+        await self._input.send_multipart([InputKind.ABORT.value, self._encoder.encode(request_ids)])
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        """The next outputs of the core; raises EngineDeadError once the core is gone."""
+        self._ensure_alive()
+        item = await self._outputs.get()
+        if isinstance(item, EngineDeadError):
+            # Leave it in the queue for any other waiter.
+            self._outputs.put_nowait(item)
+            raise item
+        return item
+
+    def shutdown(self) -> None:
+        """Stop the core process (SIGTERM, then SIGKILL if it does not exit) and release the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(_TERMINATE_TIMEOUT_S)
+            if self.process.is_alive():
+                logger.warning("The engine core did not exit within %.0f s; killing it", _TERMINATE_TIMEOUT_S)
+                self.process.kill()
+                self.process.join()
+        self._input.close()
+        self._output.close()
+        self._ctx.term()
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)

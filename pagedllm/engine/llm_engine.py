@@ -1,0 +1,184 @@
+"""`LLMEngine`: the synchronous front-end (vLLM's API) over an EngineCore client.
+
+The engine owns no scheduling or model state: it validates and tokenizes requests (`InputProcessor`),
+hands them to the core through a small client object, and turns what the core returns into
+`RequestOutput`s (`OutputProcessor`). The client is in-process here (`InprocClient` calls
+`EngineCore.step()` directly); anything with the same four methods works, which keeps the front-end
+independent of where the core runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+import msgspec
+
+from pagedllm.engine.input_processor import InputProcessor, PromptType
+from pagedllm.engine.output_processor import OutputProcessor, ParentRequest
+from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+    from pagedllm.config.args import EngineArgs
+
+
+class EngineCoreClient(Protocol):
+    """What `LLMEngine` needs from the core, wherever it runs."""
+
+    def add_request(self, request: EngineCoreRequest) -> None: ...
+
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    def get_output(self) -> EngineCoreOutputs: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
+
+
+class InprocClient:
+    """The core in this process: `get_output()` runs one engine step."""
+
+    def __init__(self, engine_config: EngineConfig) -> None:
+        # Imported here: building the core loads the model, which plain front-end users (and the
+        # processors' tests) never need.
+        from pagedllm.engine.core import EngineCore
+
+        self.core = EngineCore(engine_config)
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.core.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.core.abort_requests(request_ids)
+
+    def get_output(self) -> EngineCoreOutputs:
+        return self.core.step()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.core.reset_prefix_cache())
+
+    def shutdown(self) -> None:
+        self.core.shutdown()
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        engine_core: EngineCoreClient | None = None,
+        tokenizer: Any | None = None,
+    ) -> None:
+        self.engine_config = engine_config
+        self.model_config = engine_config.model_config
+        if tokenizer is None:
+            from pagedllm.tokenizer import get_tokenizer
+
+            tokenizer = get_tokenizer(self.model_config)
+        self.tokenizer = tokenizer
+        self.input_processor = InputProcessor(self.model_config, tokenizer)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.engine_core: EngineCoreClient = (
+            engine_core if engine_core is not None else InprocClient(engine_config)
+        )
+        # The core's latest counters (running/waiting, KV usage, prefix cache hits), for callers' logs.
+        self.scheduler_stats: SchedulerStats | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args.create_engine_config())
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Validate and queue a request (ValueError with the reason when it is not acceptable)."""
+        if (
+            request_id in self.output_processor.request_states
+            or request_id in self.output_processor.parent_requests
+        ):
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request, prompt_text = self.input_processor.process_inputs(
+            request_id, prompt, params, arrival_time, priority
+        )
+        resolved = request.sampling_params
+        if resolved.n == 1:
+            self._add_core_request(request, prompt_text, None, 0)
+            return
+        parent = ParentRequest(request_id, resolved, prompt_text, sink=None)
+        try:
+            for index, child_id in enumerate(parent.child_ids):
+                child = msgspec.structs.replace(
+                    request, request_id=child_id, sampling_params=parent.child_params(resolved, index)
+                )
+                self._add_core_request(child, prompt_text, parent, index)
+        except Exception:
+            self.abort_request(request_id)
+            raise
+
+    def _add_core_request(
+        self, request: EngineCoreRequest, prompt: str | None, parent: ParentRequest | None, index: int
+    ) -> None:
+        self.output_processor.add_request(request, prompt, parent, index)
+        try:
+            self.engine_core.add_request(request)
+        except Exception:
+            self.output_processor.request_states.pop(request.request_id, None)
+            raise
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the outputs it produced (finished ones have ``finished=True``)."""
+        outputs = self.engine_core.get_output()
+        if outputs.scheduler_stats is not None:
+            self.scheduler_stats = outputs.scheduler_stats
+        processed = self.output_processor.process_outputs(outputs)
+        # Stop strings end requests the core would otherwise keep generating for.
+        self.engine_core.abort_requests(processed.reqs_to_abort)
+        if processed.errors:
+            details = "; ".join(f"request {rid!r}: {message}" for rid, message in processed.errors.items())
+            raise ValueError(f"The engine rejected requests: {details}")
+        if (
+            not outputs.outputs
+            and self.output_processor.has_unfinished_requests()
+            and not self.engine_core.has_unfinished_requests()
+        ):
+            # Nothing left to run but requests still waiting for output: looping would never end.
+            lost = sorted(self.output_processor.request_states)
+            raise RuntimeError(
+                f"The engine core has no record of requests {lost[:8]} that are still unfinished"
+            )
+        return processed.request_outputs
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Abort requests by the ids given to add_request (no further outputs are produced for them)."""
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.engine_core.abort_requests(self.output_processor.abort_requests(ids))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        """Unfinished requests as the core sees them (an n > 1 request counts n times)."""
+        return self.output_processor.get_num_unfinished_requests()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        self.engine_core.shutdown()

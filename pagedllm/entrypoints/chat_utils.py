@@ -1,0 +1,125 @@
+"""Render chat conversations into prompt text with the model's Jinja chat template.
+
+Shared by `LLM.chat` and the OpenAI server. Messages are normalised first (roles checked, content given
+as a string or as a list of ``{"type": "text"}`` parts joined with newlines, as vLLM does for the
+"string" content format), then rendered with transformers' sandboxed Jinja renderer, so a template
+behaves exactly as under ``tokenizer.apply_chat_template`` while working for any tokenizer object that
+carries a ``chat_template`` string and its special tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from pagedllm.tokenizer import resolve_chat_template as tokenizer_resolve_chat_template
+
+SUPPORTED_ROLES = ("system", "user", "assistant")
+
+# A conversation as users write it: role/content mappings, or objects (e.g. pydantic models of the
+# server's request schema) exposing `model_dump()`.
+ChatMessage = Mapping[str, Any]
+Conversation = list[ChatMessage]
+
+
+def _message_to_dict(message: Any, index: int) -> dict[str, Any]:
+    if hasattr(message, "model_dump"):
+        message = message.model_dump(exclude_none=True)
+    if not isinstance(message, Mapping):
+        raise TypeError(
+            f"messages[{index}] must be a mapping with 'role' and 'content', got {type(message).__name__}"
+        )
+    return dict(message)
+
+
+def _content_to_text(content: Any, index: int) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, Iterable) or isinstance(content, Mapping):
+        raise TypeError(f"messages[{index}].content must be a string or a list of content parts")
+    texts: list[str] = []
+    for part_index, part in enumerate(content):
+        part = _message_to_dict(part, index)
+        part_type = part.get("type")
+        if part_type != "text":
+            raise ValueError(
+                f"messages[{index}].content[{part_index}] has type {part_type!r}: only 'text' content parts are "
+                "supported"
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise TypeError(f"messages[{index}].content[{part_index}].text must be a string")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def parse_chat_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
+    """Validate a conversation and return plain ``{"role", "content": str, ...}`` dicts.
+
+    Extra keys (e.g. ``name``) are kept: some templates read them.
+    """
+    conversation: list[dict[str, Any]] = []
+    for index, raw in enumerate(messages):
+        message = _message_to_dict(raw, index)
+        role = message.get("role")
+        if role not in SUPPORTED_ROLES:
+            raise ValueError(
+                f"messages[{index}].role is {role!r}; supported roles are {', '.join(SUPPORTED_ROLES)}"
+            )
+        message["content"] = _content_to_text(message.get("content"), index)
+        conversation.append(message)
+    if not conversation:
+        raise ValueError("messages must contain at least one message")
+    return conversation
+
+
+def resolve_chat_template(tokenizer: Any, chat_template: str | None = None) -> str:
+    """The template to use: an override (a Jinja string or a path to a file holding one), else the tokenizer's."""
+    template = tokenizer_resolve_chat_template(tokenizer, chat_template)
+    if isinstance(template, Mapping):
+        # Tokenizers may ship several named templates; "default" is the one used for plain chat.
+        template = template.get("default")
+    if not template:
+        raise ValueError(
+            "The tokenizer has no chat template: pass chat_template= (a Jinja template string or a file path)"
+        )
+    return str(template)
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, str]:
+    special = getattr(tokenizer, "special_tokens_map", None)
+    tokens = {key: str(value) for key, value in dict(special or {}).items() if isinstance(value, str)}
+    for name in ("bos_token", "eos_token", "unk_token", "pad_token"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, str):
+            tokens.setdefault(name, value)
+    return tokens
+
+
+def apply_chat_template(
+    tokenizer: Any,
+    messages: Iterable[Any],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """Render one conversation to prompt text (tokenize it with ``add_special_tokens=False``: the template
+    already wrote the special tokens)."""
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+    conversation = parse_chat_messages(messages)
+    template = resolve_chat_template(tokenizer, chat_template)
+    kwargs: dict[str, Any] = {**_special_tokens(tokenizer), **dict(chat_template_kwargs or {})}
+    rendered, _ = render_jinja_template(
+        conversations=[conversation],
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        **kwargs,
+    )
+    return rendered[0]

@@ -1,0 +1,226 @@
+"""The OpenAI-compatible HTTP server: FastAPI routes over an `AsyncLLM`, run by uvicorn.
+
+Shutdown (SIGTERM/SIGINT): uvicorn stops accepting connections and waits up to `shutdown_timeout`
+seconds for the requests in flight; then it cancels the rest (which aborts them in the engine), the
+engine core process is stopped, and the process exits with status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+import pagedllm
+from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.engine.core_client import EngineDeadError
+from pagedllm.entrypoints.openai.errors import OpenAIError, error_response, validation_error
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+
+logger = logging.getLogger("pagedllm.entrypoints.openai")
+
+
+async def _until_disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Run a non-streaming handler, cancelling it (and so aborting its engine requests) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task not in done:
+            task.cancel()
+            # Nobody is listening; the status is for the access log.
+            return Response(status_code=499)
+        return task.result()
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+def build_app(
+    engine: AsyncLLM,
+    served_model_names: list[str],
+    api_key: str | None,
+    chat_template: str | None,
+    log_requests: bool,
+) -> FastAPI:
+    app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
+    models = OpenAIServingModels(served_model_names, str(engine.model_config.model), engine.max_model_len)
+    completions = OpenAIServingCompletion(engine, models, log_requests)
+    chat = OpenAIServingChat(engine, models, chat_template, log_requests)
+    tokenization = OpenAIServingTokenization(engine, models, chat_template)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(
+            OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE, err_type="EngineDeadError")
+        )
+
+    if api_key is not None:
+        expected = f"Bearer {api_key}"
+
+        @app.middleware("http")
+        async def _authenticate(
+            request: Request, call_next: Callable[[Request], Awaitable[Response]]
+        ) -> Response:
+            if request.url.path.startswith("/v1") and request.method != "OPTIONS":
+                given = request.headers.get("Authorization", "")
+                # Constant-time comparison: the key must not leak through response timing.
+                if not secrets.compare_digest(given.encode(), expected.encode()):
+                    return error_response(
+                        OpenAIError(
+                            "Invalid or missing API key",
+                            HTTPStatus.UNAUTHORIZED,
+                            err_type="AuthenticationError",
+                        )
+                    )
+            return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> Response:
+        try:
+            await engine.check_health()
+        except EngineDeadError as e:
+            return error_response(
+                OpenAIError(str(e), HTTPStatus.SERVICE_UNAVAILABLE, err_type="EngineDeadError")
+            )
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": pagedllm.__version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(engine.prometheus.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        return JSONResponse(models.list_models().model_dump())
+
+    @app.post("/v1/completions")
+    async def create_completion(request: CompletionRequest, raw: Request) -> Any:
+        return await _respond(raw, completions.create(request))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Any:
+        return await _respond(raw, chat.create(request))
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeChatRequest | TokenizeCompletionRequest) -> JSONResponse:
+        return JSONResponse(tokenization.tokenize(request).model_dump())
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> JSONResponse:
+        return JSONResponse(tokenization.detokenize(request).model_dump())
+
+    return app
+
+
+async def _respond(raw: Request, work: Awaitable[Any]) -> Any:
+    result = await _cancel_on_disconnect(raw, work)
+    if isinstance(result, Response):
+        return result
+    if hasattr(result, "model_dump"):
+        return JSONResponse(result.model_dump())
+    # A stream: StreamingResponse cancels the generator when the client disconnects, and the
+    # generator's clean-up aborts the engine requests.
+    return _streaming(result)
+
+
+def served_names(model_served_name: str | list[str] | None, model: str) -> list[str]:
+    names = model_served_name if model_served_name is not None else model
+    return [names] if isinstance(names, str) else list(names)
+
+
+async def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    """Serve until SIGTERM/SIGINT; ``args`` holds the server flags of `pagedllm serve`."""
+    model_config = engine_config.model_config
+    names = served_names(model_config.served_model_name, str(model_config.model))
+    log_requests = engine_config.logging_config.enable_log_requests and not args.disable_log_requests
+    api_key = args.api_key if args.api_key is not None else os.environ.get("PAGEDLLM_API_KEY")
+
+    engine = await AsyncLLM.create(
+        engine_config, names[0], log_stats=not engine_config.logging_config.disable_log_stats
+    )
+    try:
+        app = build_app(engine, names, api_key or None, args.chat_template, log_requests)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.uvicorn_log_level,
+            timeout_graceful_shutdown=engine_config.shutdown_timeout,
+            # Keep-alive connections must not hold the drain open.
+            timeout_keep_alive=5,
+        )
+        server = uvicorn.Server(config)
+        logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
+        signal.signal(signal.SIGTERM, _ignore_signal)
+        signal.signal(signal.SIGINT, _ignore_signal)
+        await server.serve()
+    finally:
+        await engine.shutdown()
+    return 0
+
+
+def _ignore_signal(signum: int, frame: Any) -> None:
+    """After uvicorn handled SIGTERM/SIGINT (drained and stopped), it re-raises the signal: let it pass."""
+
+
+def _interrupt_startup(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(args: argparse.Namespace, engine_config: EngineConfig) -> int:
+    # A signal during start-up aborts it (the engine process is cleaned up); once uvicorn runs, its own
+    # handlers drain and stop the server, then re-raise the signal, which must not kill us with status != 0.
+    signal.signal(signal.SIGTERM, _interrupt_startup)
+    signal.signal(signal.SIGINT, _interrupt_startup)
+    try:
+        return asyncio.run(run_server(args, engine_config))
+    except KeyboardInterrupt:
+        logger.info("Interrupted during start-up")
+        return 0

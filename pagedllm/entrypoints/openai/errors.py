@@ -1,0 +1,84 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from http import HTTPStatus
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+
+
+class OpenAIError(Exception):
+    """An error to answer with a given HTTP status (raised by the serving classes)."""
+
+    def __init__(
+        self,
+        message: str,
+        status: HTTPStatus = HTTPStatus.BAD_REQUEST,
+        param: str | None = None,
+        err_type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.err_type = err_type or _default_type(status)
+
+
+def _default_type(status: HTTPStatus) -> str:
+    if status == HTTPStatus.UNAUTHORIZED:
+        return "AuthenticationError"
+    if status == HTTPStatus.NOT_FOUND:
+        return "NotFoundError"
+    if status >= 500:
+        return "InternalServerError"
+    return "BadRequestError"
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    body = ErrorResponse(
+        error=ErrorInfo(message=error.message, type=error.err_type, param=error.param, code=int(error.status))
+    )
+    return JSONResponse(body.model_dump(), status_code=int(error.status))
+
+
+def guess_param(message: str, candidates: Iterable[str]) -> str | None:
+    """The request field a validation message is about: the earliest candidate named as a whole word."""
+    best: tuple[int, str] | None = None
+    for name in candidates:
+        match = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)
+        if match and (best is None or match.start() < best[0]):
+            best = (match.start(), name)
+    return None if best is None else best[1]
+
+
+def validation_error(exc: RequestValidationError) -> OpenAIError:
+    """A 400 naming the field, instead of FastAPI's 422 with pydantic internals."""
+    errors = exc.errors()
+    if not errors:
+        return OpenAIError("Invalid request")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return OpenAIError("The request body is not valid JSON")
+    # loc is ("body", "field", index or union member, ...); only the top-level field name is stable and
+    # meaningful to a client.
+    loc = [part for part in first.get("loc", ()) if part != "body"]
+    field = loc[0] if loc and isinstance(loc[0], str) else None
+    if field is None:
+        return OpenAIError("The request body must be a JSON object")
+    if first.get("type") == "missing" and len(loc) == 1:
+        return OpenAIError(f"{field} is required", param=field)
+    same_field = [e for e in errors if [p for p in e.get("loc", ()) if p != "body"][:1] == [field]]
+    if len(same_field) > 1:
+        # A union type: pydantic reports one error per member; summarise instead of listing them.
+        return OpenAIError(f"{field} has an invalid type or value", param=field)
+    return OpenAIError(f"{field}: {_plain_message(first.get('msg', 'invalid value'))}", param=field)
+
+
+def _plain_message(msg: str) -> str:
+    # pydantic's "Input should be a valid integer" reads fine; drop its "Value error, " prefixes.
+    return msg.removeprefix("Value error, ")

@@ -1,0 +1,236 @@
+"""POST /v1/chat/completions: render the conversation with the chat template, generate, answer as OpenAI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pagedllm.engine.async_llm import AsyncLLM, RequestStream
+from pagedllm.engine.core_client import EngineDeadError
+from pagedllm.engine.input_processor import TokensPrompt
+from pagedllm.entrypoints.chat_utils import apply_chat_template
+from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.protocol import (
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatResponseMessage,
+    DeltaMessage,
+    UsageInfo,
+    random_id,
+)
+from pagedllm.entrypoints.openai.serving_completion import token_text
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_utils import (
+    SSE_DONE,
+    engine_dead_error,
+    merge_streams,
+    sse,
+    sse_error,
+    start_requests,
+)
+from pagedllm.outputs import CompletionOutput, Logprob
+
+logger = logging.getLogger("pagedllm.entrypoints.openai")
+
+_PARAMS = list(ChatCompletionRequest.model_fields)
+
+
+def render_chat_prompt(
+    tokenizer: Any,
+    messages: list[Any],
+    chat_template: str | None,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    chat_template_kwargs: dict[str, Any] | None,
+    add_special_tokens: bool,
+) -> tuple[str, list[int]]:
+    """The rendered prompt text and its token ids (400 for a conversation the template cannot take)."""
+    try:
+        text = apply_chat_template(
+            tokenizer,
+            messages,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+    except (ValueError, TypeError) as e:
+        param = "chat_template" if "template" in str(e) else "messages"
+        raise OpenAIError(str(e), param=param) from e
+    return text, list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def chat_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int, tokenizer: Any
+) -> ChatCompletionLogProbs:
+    content: list[ChatCompletionLogProbsContent] = []
+    for token_id, entries in zip(token_ids, logprobs):
+        sampled = entries.get(token_id)
+        text = token_text(token_id, sampled, tokenizer)
+        top = sorted(entries.items(), key=lambda item: item[1].rank if item[1].rank is not None else 1 << 30)
+        content.append(
+            ChatCompletionLogProbsContent(
+                token=text,
+                logprob=-9999.0 if sampled is None else max(sampled.logprob, -9999.0),
+                bytes=list(text.encode("utf-8")),
+                top_logprobs=[
+                    ChatCompletionLogProb(
+                        token=(t := token_text(tid, lp, tokenizer)),
+                        logprob=max(lp.logprob, -9999.0),
+                        bytes=list(t.encode("utf-8")),
+                    )
+                    for tid, lp in top[:top_n]
+                ],
+            )
+        )
+    return ChatCompletionLogProbs(content=content)
+
+
+class OpenAIServingChat:
+    def __init__(
+        self, engine: AsyncLLM, models: OpenAIServingModels, chat_template: str | None, log_requests: bool
+    ) -> None:
+        self.engine = engine
+        self.models = models
+        self.chat_template = chat_template
+        self.log_requests = log_requests
+
+    def _check_supported(self, request: ChatCompletionRequest) -> None:
+        if request.tools:
+            raise OpenAIError("tools are not supported", param="tools")
+        if request.response_format is not None and request.response_format.get("type", "text") != "text":
+            raise OpenAIError(
+                "response_format other than {'type': 'text'} is not supported", param="response_format"
+            )
+        if request.top_logprobs is not None and not request.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs to be true", param="top_logprobs")
+        if request.ignored_fields():
+            logger.warning("Ignoring unknown chat completion fields: %s", ", ".join(request.ignored_fields()))
+
+    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+        model = self.models.check_model(request.model)
+        self._check_supported(request)
+        try:
+            params = request.to_sampling_params()
+        except ValueError as e:
+            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+        text, token_ids = render_chat_prompt(
+            self.engine.tokenizer,
+            request.messages,
+            request.chat_template or self.chat_template,
+            request.add_generation_prompt,
+            request.continue_final_message,
+            request.chat_template_kwargs,
+            request.add_special_tokens,
+        )
+        request_id = random_id("chatcmpl")
+        if self.log_requests:
+            logger.info(
+                "Received chat request %s: %d prompt tokens, params %s", request_id, len(token_ids), params
+            )
+        prompt: TokensPrompt = {"prompt_token_ids": token_ids, "prompt": text}
+        streams = await start_requests(
+            self.engine,
+            request_id,
+            [prompt],
+            params,
+            request.priority,
+            _PARAMS,
+            "messages",
+        )
+        if request.stream:
+            return self._stream(request, request_id, model, streams[0])
+        return await self._full(request, request_id, model, streams[0])
+
+    def _logprobs(
+        self, request: ChatCompletionRequest, completion: CompletionOutput
+    ) -> ChatCompletionLogProbs | None:
+        if not request.logprobs or completion.logprobs is None:
+            return None
+        return chat_logprobs(
+            completion.token_ids, completion.logprobs, request.top_logprobs or 0, self.engine.tokenizer
+        )
+
+    async def _full(
+        self, request: ChatCompletionRequest, request_id: str, model: str, stream: RequestStream
+    ) -> ChatCompletionResponse:
+        final = None
+        try:
+            async for _, output in merge_streams([stream]):
+                final = output
+        except EngineDeadError as e:
+            raise engine_dead_error(e) from e
+        except ValueError as e:  # rejected by the core at admission
+            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+        assert final is not None and final.finished
+        choices = [
+            ChatCompletionResponseChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=c.text),
+                logprobs=self._logprobs(request, c),
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in final.outputs
+        ]
+        prompt_tokens = len(final.prompt_token_ids or [])
+        completion_tokens = sum(len(c.token_ids) for c in final.outputs)
+        usage = UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+    async def _stream(
+        self, request: ChatCompletionRequest, request_id: str, model: str, stream: RequestStream
+    ) -> AsyncIterator[str]:
+        options = request.stream_options
+        include_usage = options is not None and options.include_usage
+        continuous = include_usage and options is not None and options.continuous_usage_stats
+        prompt_tokens = 0
+        completion_tokens = 0
+
+        def usage() -> UsageInfo:
+            return UsageInfo(
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+            )
+
+        try:
+            # OpenAI's first chunk of each choice carries the role and no content.
+            for index in range(request.n):
+                first = ChatCompletionStreamChoice(
+                    index=index, delta=DeltaMessage(role="assistant", content="")
+                )
+                yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[first]))
+            async for _, output in merge_streams([stream]):
+                prompt_tokens = len(output.prompt_token_ids or [])
+                for completion in output.outputs:
+                    completion_tokens += len(completion.token_ids)
+                    choice = ChatCompletionStreamChoice(
+                        index=completion.index,
+                        delta=DeltaMessage(content=completion.text),
+                        logprobs=self._logprobs(request, completion),
+                        finish_reason=completion.finish_reason,
+                        stop_reason=completion.stop_reason,
+                    )
+                    chunk = ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice])
+                    if continuous:
+                        chunk.usage = usage()
+                    yield sse(chunk)
+            if include_usage:
+                yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage()))
+        except EngineDeadError as e:
+            yield sse_error(engine_dead_error(e))
+        except ValueError as e:  # rejected by the core at admission
+            yield sse_error(OpenAIError(str(e), param=guess_param(str(e), _PARAMS)))
+        yield SSE_DONE

@@ -1,0 +1,207 @@
+"""POST /v1/completions: prompts as a string, a list of strings, token ids or a list of token-id lists."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pagedllm.engine.async_llm import AsyncLLM, RequestStream
+from pagedllm.engine.core_client import EngineDeadError
+from pagedllm.engine.input_processor import PromptType
+from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    UsageInfo,
+    random_id,
+)
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_utils import (
+    SSE_DONE,
+    engine_dead_error,
+    merge_streams,
+    sse,
+    sse_error,
+    start_requests,
+)
+from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+
+logger = logging.getLogger("pagedllm.entrypoints.openai")
+
+_PARAMS = list(CompletionRequest.model_fields)
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise OpenAIError("prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [{"prompt_token_ids": list(prompt)}]  # type: ignore[arg-type]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)  # type: ignore[arg-type]
+    if all(isinstance(p, list) for p in prompt):
+        return [{"prompt_token_ids": p} for p in prompt]  # type: ignore[misc]
+    raise OpenAIError(
+        "prompt must be a string, a list of strings, token ids or a list of token-id lists", param="prompt"
+    )
+
+
+def logprobs_block(
+    token_ids: list[int], logprobs: list[dict[int, Logprob]], tokenizer: Any, start_offset: int
+) -> CompletionLogProbs:
+    block = CompletionLogProbs()
+    offset = start_offset
+    for token_id, entries in zip(token_ids, logprobs):
+        sampled = entries.get(token_id)
+        text = token_text(token_id, sampled, tokenizer)
+        block.tokens.append(text)
+        block.token_logprobs.append(None if sampled is None else max(sampled.logprob, -9999.0))
+        block.top_logprobs.append(
+            {token_text(tid, lp, tokenizer): max(lp.logprob, -9999.0) for tid, lp in entries.items()}
+        )
+        block.text_offset.append(offset)
+        offset += len(text)
+    return block
+
+
+def token_text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
+    if logprob is not None and logprob.decoded_token is not None:
+        return logprob.decoded_token
+    return tokenizer.decode([token_id])
+
+
+class OpenAIServingCompletion:
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, log_requests: bool) -> None:
+        self.engine = engine
+        self.models = models
+        self.log_requests = log_requests
+
+    def _check_supported(self, request: CompletionRequest) -> None:
+        if request.suffix is not None:
+            raise OpenAIError("suffix is not supported", param="suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise OpenAIError("best_of is not supported (only best_of equal to n)", param="best_of")
+        if request.echo and request.logprobs is not None:
+            raise OpenAIError("echo together with logprobs is not supported", param="echo")
+        if request.ignored_fields():
+            logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
+
+    async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+        model = self.models.check_model(request.model)
+        self._check_supported(request)
+        try:
+            params = request.to_sampling_params()
+        except ValueError as e:
+            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+        prompts = _prompts(request.prompt)
+        request_id = random_id("cmpl")
+        if self.log_requests:
+            logger.info("Received request %s: %d prompt(s), params %s", request_id, len(prompts), params)
+        streams = await start_requests(
+            self.engine, request_id, prompts, params, request.priority, _PARAMS, "prompt"
+        )
+        if request.stream:
+            return self._stream(request, request_id, model, streams)
+        return await self._full(request, request_id, model, streams)
+
+    def _prompt_text(self, output: RequestOutput) -> str:
+        if output.prompt is not None:
+            return output.prompt
+        return self.engine.tokenizer.decode(output.prompt_token_ids or [])
+
+    async def _full(
+        self, request: CompletionRequest, request_id: str, model: str, streams: list[RequestStream]
+    ) -> CompletionResponse:
+        finals: list[RequestOutput | None] = [None] * len(streams)
+        try:
+            async for index, output in merge_streams(streams):
+                finals[index] = output
+        except EngineDeadError as e:
+            raise engine_dead_error(e) from e
+        except ValueError as e:  # rejected by the core at admission
+            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+        choices: list[CompletionResponseChoice] = []
+        usage = UsageInfo()
+        for prompt_index, final in enumerate(finals):
+            assert final is not None and final.finished
+            prompt_text = self._prompt_text(final) if request.echo else ""
+            usage.prompt_tokens += len(final.prompt_token_ids or [])
+            for completion in final.outputs:
+                usage.completion_tokens += len(completion.token_ids)
+                choices.append(
+                    self._choice(
+                        request, prompt_index * request.n + completion.index, completion, prompt_text, 0
+                    )
+                )
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        choices.sort(key=lambda c: c.index)
+        return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+    def _choice(
+        self, request: CompletionRequest, index: int, completion: CompletionOutput, prefix: str, offset: int
+    ) -> CompletionResponseChoice:
+        logprobs = None
+        if request.logprobs is not None and completion.logprobs is not None:
+            logprobs = logprobs_block(
+                completion.token_ids, completion.logprobs, self.engine.tokenizer, offset
+            )
+        return CompletionResponseChoice(
+            index=index,
+            text=prefix + completion.text,
+            logprobs=logprobs,
+            finish_reason=completion.finish_reason,
+            stop_reason=completion.stop_reason,
+        )
+
+    async def _stream(
+        self, request: CompletionRequest, request_id: str, model: str, streams: list[RequestStream]
+    ) -> AsyncIterator[str]:
+        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        continuous = (
+            include_usage
+            and request.stream_options is not None
+            and request.stream_options.continuous_usage_stats
+        )
+        prompt_tokens = [0] * len(streams)
+        completion_tokens: dict[int, int] = {}
+        echoed: set[int] = set()
+        # Per choice: characters sent so far, for logprobs' text_offset.
+        offsets: dict[int, int] = {}
+        try:
+            async for prompt_index, output in merge_streams(streams):
+                prompt_tokens[prompt_index] = len(output.prompt_token_ids or [])
+                for completion in output.outputs:
+                    index = prompt_index * request.n + completion.index
+                    prefix = ""
+                    if request.echo and index not in echoed:
+                        echoed.add(index)
+                        prefix = self._prompt_text(output)
+                    choice = self._choice(request, index, completion, prefix, offsets.get(index, 0))
+                    offsets[index] = offsets.get(index, 0) + len(choice.text)
+                    completion_tokens[index] = completion_tokens.get(index, 0) + len(completion.token_ids)
+                    chunk = CompletionStreamResponse(id=request_id, model=model, choices=[choice])
+                    if continuous:
+                        chunk.usage = _usage(prompt_tokens, completion_tokens)
+                    yield sse(chunk)
+            if include_usage:
+                yield sse(
+                    CompletionStreamResponse(
+                        id=request_id, model=model, choices=[], usage=_usage(prompt_tokens, completion_tokens)
+                    )
+                )
+        except EngineDeadError as e:
+            yield sse_error(engine_dead_error(e))
+        except ValueError as e:  # rejected by the core at admission
+            yield sse_error(OpenAIError(str(e), param=guess_param(str(e), _PARAMS)))
+        yield SSE_DONE
+
+
+def _usage(prompt_tokens: list[int], completion_tokens: dict[int, int]) -> UsageInfo:
+    prompt = sum(prompt_tokens)
+    completion = sum(completion_tokens.values())
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

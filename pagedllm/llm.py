@@ -1,0 +1,169 @@
+"""The offline API: `LLM(model=...).generate(prompts)` and `.chat(messages)`, vLLM style.
+
+All prompts of one call are queued at once and the engine is stepped until every one has finished, so
+they are batched continuously; outputs come back in the order of the inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from pagedllm.config.args import EngineArgs
+from pagedllm.engine.input_processor import PromptType, TokensPrompt
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.entrypoints.chat_utils import apply_chat_template
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+class LLM:
+    """An engine for offline batched generation.
+
+    ``model`` is a local HF directory, a .gguf file, a Hub id, or None for the embedded
+    SmolLM2-135M-Instruct; every other keyword is an `EngineArgs` option (``max_model_len``,
+    ``enable_prefix_caching``, ``max_num_batched_tokens``, ``dtype``, ...).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        if model is not None:
+            engine_args["model"] = model
+        self._init_engine(LLMEngine.from_engine_args(EngineArgs(**engine_args)))
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLM:
+        """An LLM from already-parsed options (the CLI commands build EngineArgs from their flags)."""
+        llm = cls.__new__(cls)
+        llm._init_engine(LLMEngine.from_engine_args(engine_args))
+        return llm
+
+    def _init_engine(self, engine: LLMEngine) -> None:
+        self.llm_engine = engine
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's generation defaults (what a call without sampling_params uses)."""
+        return self.llm_engine.input_processor.default_sampling_params()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.llm_engine.reset_prefix_cache()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate completions; a prompt is a string or ``{"prompt_token_ids": [...]}``.
+
+        ``sampling_params`` is one SamplingParams for all prompts, one per prompt, or None for the
+        model's defaults."""
+        prompt_list: list[PromptType] = (
+            [prompts] if isinstance(prompts, str | Mapping) else list(prompts)  # type: ignore[list-item]
+        )
+        params_list = self._params_per_prompt(sampling_params, len(prompt_list))
+        if priority is not None and len(priority) != len(prompt_list):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts")
+        request_ids: list[str] = []
+        try:
+            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                request_id = str(next(self._request_counter))
+                self.llm_engine.add_request(
+                    request_id, prompt, params, priority=0 if priority is None else priority[i]
+                )
+                request_ids.append(request_id)
+        except BaseException:
+            # A bad prompt in the middle of the list: drop the ones already queued, then report it.
+            self.llm_engine.abort_request(request_ids)
+            raise
+        return self._run_engine(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of messages) or to a list of conversations."""
+        conversations: list[Sequence[Mapping[str, Any]]]
+        if messages and not isinstance(messages[0], Mapping) and isinstance(messages[0], Sequence):
+            conversations = list(messages)  # type: ignore[arg-type]
+        else:
+            conversations = [messages]  # type: ignore[list-item]
+        tokenizer = self.get_tokenizer()
+        prompts: list[PromptType] = []
+        for conversation in conversations:
+            text = apply_chat_template(
+                tokenizer,
+                conversation,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            # The template wrote the special tokens itself: do not let the tokenizer add a second BOS.
+            token_ids = list(tokenizer.encode(text, add_special_tokens=False))
+            prompts.append(TokensPrompt(prompt_token_ids=token_ids, prompt=text))
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _params_per_prompt(
+        self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+    ) -> list[SamplingParams]:
+        if sampling_params is None:
+            given: list[SamplingParams] = [self.get_default_sampling_params()] * num_prompts
+        elif isinstance(sampling_params, SamplingParams):
+            given = [sampling_params] * num_prompts
+        else:
+            given = list(sampling_params)
+            if len(given) != num_prompts:
+                raise ValueError(
+                    f"got {len(given)} sampling_params for {num_prompts} prompts: pass one or one per prompt"
+                )
+        # Offline callers want finished outputs only; a copy per distinct object keeps the user's untouched.
+        final: dict[int, SamplingParams] = {}
+        for params in given:
+            if id(params) not in final:
+                copy = params.clone()
+                copy.output_kind = RequestOutputKind.FINAL_ONLY
+                final[id(params)] = copy
+        return [final[id(params)] for params in given]
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        pending = set(request_ids)
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        input_tokens = output_tokens = 0
+        try:
+            while pending:
+                for output in self.llm_engine.step():
+                    if not output.finished or output.request_id not in pending:
+                        continue
+                    pending.discard(output.request_id)
+                    finished[output.request_id] = output
+                    input_tokens += len(output.prompt_token_ids or ())
+                    output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                    elapsed = bar.format_dict.get("elapsed") or 0.0
+                    if elapsed > 0:
+                        bar.set_postfix_str(
+                            f"input: {input_tokens / elapsed:.1f} toks/s, output: {output_tokens / elapsed:.1f} toks/s",
+                            refresh=False,
+                        )
+                    bar.update(1)
+        except BaseException:
+            # An interrupted call must not leave its requests running in the engine.
+            self.llm_engine.abort_request(sorted(pending))
+            raise
+        finally:
+            bar.close()
+        return [finished[request_id] for request_id in request_ids]

@@ -1,0 +1,66 @@
+"""The periodic statistics log line of the server (every `log_stats_interval` seconds while busy)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pagedllm.engine.protocol import SchedulerStats
+from pagedllm.metrics.stats import IterationStats
+
+logger = logging.getLogger("pagedllm.metrics")
+
+
+class LoggingStatLogger:
+    """Accumulates token counts between log lines; `log()` prints one line unless the engine was idle."""
+
+    def __init__(self, log: logging.Logger = logger) -> None:
+        self._log = log
+        self._last_log_time = time.monotonic()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._last_stats = SchedulerStats()
+        # Whether the previous line showed activity: one idle line follows the last busy one, so the log
+        # ends on the real state (0 running) instead of stale throughput.
+        self._last_was_busy = False
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
+        if scheduler_stats is not None:
+            self._last_stats = scheduler_stats
+            self._prefix_queries += scheduler_stats.prefix_cache_queries
+            self._prefix_hits += scheduler_stats.prefix_cache_hits
+        if iteration_stats is not None:
+            self._num_prompt_tokens += iteration_stats.num_prompt_tokens
+            self._num_generation_tokens += iteration_stats.num_generation_tokens
+
+    def log(self, now: float | None = None) -> str | None:
+        """Log (and return) the line for the interval since the last call, or None when idle throughout."""
+        now = time.monotonic() if now is None else now
+        elapsed = max(now - self._last_log_time, 1e-9)
+        stats = self._last_stats
+        busy = bool(
+            self._num_prompt_tokens
+            or self._num_generation_tokens
+            or stats.num_running_reqs
+            or stats.num_waiting_reqs
+        )
+        if not busy and not self._last_was_busy:
+            self._last_log_time = now
+            return None
+        hit_rate = self._prefix_hits / self._prefix_queries if self._prefix_queries else 0.0
+        line = (
+            f"Avg prompt throughput: {self._num_prompt_tokens / elapsed:.1f} tokens/s, "
+            f"Avg generation throughput: {self._num_generation_tokens / elapsed:.1f} tokens/s, "
+            f"Running: {stats.num_running_reqs} reqs, Waiting: {stats.num_waiting_reqs} reqs, "
+            f"KV cache usage: {stats.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: {hit_rate * 100:.1f}%"
+        )
+        self._log.info("%s", line)
+        self._last_was_busy = busy
+        self._last_log_time = now
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        return line

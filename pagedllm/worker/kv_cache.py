@@ -1,0 +1,111 @@
+"""KV cache sizing: bytes per block, and the byte budget the platform allows.
+
+The engine core turns the budget into a block count (`num_blocks_from_budget`); the runner then
+allocates that many blocks per layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pagedllm.platforms import current_platform
+
+logger = logging.getLogger("pagedllm.worker")
+
+# Upper bound of the default CPU KV budget. The cache is zero-filled at start-up (every page is
+# touched), and on a host shared with the API server, the tokenizer and other engines a larger default
+# would claim RAM most workloads never use; set `kv_cache_memory_bytes` to go beyond it.
+CPU_DEFAULT_KV_CACHE_CAP_BYTES = 4 * 2**30
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """One entry per attention layer (layers may differ in KV heads / head size)."""
+
+    block_size: int
+    num_kv_heads: list[int]
+    head_size: list[int]
+    dtype: torch.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.num_kv_heads)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Keys and values of `block_size` tokens in every layer."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        per_token = sum(2 * h * d * elem for h, d in zip(self.num_kv_heads, self.head_size))
+        return per_token * self.block_size
+
+
+def cpu_kv_cache_budget(weights_bytes: int, max_useful_bytes: int) -> int:
+    """The default CPU budget: the platform's share of available RAM (it leaves room for the
+    weights), capped at `CPU_DEFAULT_KV_CACHE_CAP_BYTES` and at `max_useful_bytes` (every sequence the
+    scheduler may run at full length; more blocks would only ever serve the prefix cache)."""
+    share = current_platform.default_kv_cache_memory_bytes(weights_bytes)
+    budget = min(share, CPU_DEFAULT_KV_CACHE_CAP_BYTES, max_useful_bytes)
+    logger.info(
+        "CPU KV cache budget %.1f MiB (RAM share %.1f MiB, cap %.1f MiB, full occupancy %.1f MiB)",
+        budget / 2**20,
+        share / 2**20,
+        CPU_DEFAULT_KV_CACHE_CAP_BYTES / 2**20,
+        max_useful_bytes / 2**20,
+    )
+    return budget
+
+
+def profile_cuda_kv_cache_budget(
+    device: torch.device, gpu_memory_utilization: float, profile: Callable[[], None]
+) -> int:
+    """`gpu_memory_utilization * total` minus the peak memory of `profile()` (weights + activations
+    as torch allocated them) and the memory torch does not own (CUDA context, other processes)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    profile()
+    torch.cuda.synchronize(device)
+    peak_torch = torch.cuda.max_memory_allocated(device)
+    free, total = torch.cuda.mem_get_info(device)
+    non_torch = total - free - torch.cuda.memory_reserved(device)
+    budget = int(gpu_memory_utilization * total) - peak_torch - max(non_torch, 0)
+    torch.cuda.empty_cache()
+    logger.info(
+        "CUDA KV cache budget %.2f GiB (%.0f%% of %.2f GiB, torch peak %.2f GiB, non-torch %.2f GiB)",
+        budget / 2**30,
+        gpu_memory_utilization * 100,
+        total / 2**30,
+        peak_torch / 2**30,
+        non_torch / 2**30,
+    )
+    if budget <= 0:
+        raise RuntimeError(
+            f"no GPU memory left for the KV cache: gpu_memory_utilization={gpu_memory_utilization} allows "
+            f"{gpu_memory_utilization * total / 2**30:.2f} GiB, but the weights and a profiling forward used "
+            f"{(peak_torch + non_torch) / 2**30:.2f} GiB; raise gpu_memory_utilization or lower "
+            "max_num_batched_tokens / max_model_len"
+        )
+    return budget
+
+
+def num_blocks_from_budget(budget_bytes: int, bytes_per_block: int, override: int | None) -> int:
+    """The block count a byte budget allows (or `num_gpu_blocks_override` when set)."""
+    if override is not None:
+        return override
+    return budget_bytes // bytes_per_block
+
+
+def check_num_blocks(num_blocks: int, block_size: int, max_model_len: int, bytes_per_block: int) -> None:
+    """Error clearly unless one sequence of `max_model_len` tokens fits in the cache."""
+    needed = -(-max_model_len // block_size)
+    if num_blocks < needed:
+        raise ValueError(
+            f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} tokens, "
+            f"{num_blocks * bytes_per_block / 2**20:.1f} MiB), but one max_model_len={max_model_len} sequence "
+            f"needs {needed} blocks ({needed * bytes_per_block / 2**20:.1f} MiB); raise kv_cache_memory_bytes "
+            "(CPU) / gpu_memory_utilization (CUDA) or num_gpu_blocks_override, or lower max_model_len"
+        )

@@ -1,0 +1,404 @@
+"""The model runner: turns one `SchedulerOutput` into sampled tokens.
+
+Each step it (1) applies the scheduler's delta to the persistent `InputBatch` (new requests once,
+progress and new blocks for known ones, drops finished/preempted ones), (2) builds the flattened
+inputs of every scheduled token with vectorized numpy ops into preallocated buffers (positions,
+token ids, slot mapping, query_start_loc, seq_lens, block tables), (3) runs ONE forward for the whole
+mixed batch, (4) computes logits only for the last scheduled token of each request whose sequence is
+complete after this step (a mid-prefill chunk samples nothing) plus the prompt positions of
+prompt-logprobs requests, and (5) samples and records the new tokens in its own state (the scheduler
+never sends generated tokens back).
+
+The only host syncs per step are the ones that read the sampled ids (and logprobs, when asked).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
+from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
+from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.sampler import Sampler
+from pagedllm.models import get_model
+from pagedllm.platforms import current_platform
+from pagedllm.sample.logprobs import compute_prompt_logprobs
+from pagedllm.sample.metadata import build_sampling_metadata, make_generator
+from pagedllm.worker.input_batch import InputBatch
+from pagedllm.worker.kv_cache import KVCacheSpec, cpu_kv_cache_budget, profile_cuda_kv_cache_budget
+
+logger = logging.getLogger("pagedllm.worker")
+
+# Prompt-logprobs rows are turned into [rows, vocab] logits this many at a time, so a long prompt chunk
+# does not materialize a chunk-sized float32 vocabulary matrix at once.
+_PROMPT_LOGPROBS_ROWS = 1024
+
+
+class _StagedBuffer:
+    """A persistent host buffer (numpy view for vectorized writes) mirrored on the device.
+
+    On CPU the device tensor *is* the host tensor: inputs are built in place with no copy. On CUDA the
+    host side is pinned and copied asynchronously into a persistent device tensor, so no device memory
+    is allocated per step (and the addresses stay fixed for graph capture later)."""
+
+    def __init__(
+        self, size: int | tuple[int, ...], dtype: torch.dtype, device: torch.device, pin: bool
+    ) -> None:
+        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=pin)
+        self.np = self.cpu.numpy()
+        self.device = self.cpu if device.type == "cpu" else torch.zeros(size, dtype=dtype, device=device)
+
+    def to_device(self, n: int) -> torch.Tensor:
+        if self.device is self.cpu:
+            return self.cpu[:n]
+        self.device[:n].copy_(self.cpu[:n], non_blocking=True)
+        return self.device[:n]
+
+
+@dataclass
+class _StepInputs:
+    attn_metadata: AttentionMetadata
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    req_ids: list[str]
+    rows: np.ndarray  # InputBatch row of each batch request, in batch order
+    query_start_loc: np.ndarray  # [num_reqs + 1] host copy
+    # Batch indices of the requests that sample a token this step.
+    sample_idx: np.ndarray
+
+
+class ModelRunner:
+    def __init__(self, engine_config: Any) -> None:
+        self.engine_config = engine_config
+        mc = engine_config.model_config
+        self.model_config = mc
+        self.cache_config = engine_config.cache_config
+        self.device: torch.device = torch.device(engine_config.device_config.device)
+        self.dtype: torch.dtype = mc.dtype
+        self.kv_cache_dtype = _resolve_cache_dtype(self.cache_config.cache_dtype, mc.dtype)
+        self.block_size: int = self.cache_config.block_size
+        self.max_model_len: int = mc.max_model_len
+        self.max_num_reqs: int = engine_config.scheduler_config.max_num_seqs
+        self.max_num_tokens: int = engine_config.scheduler_config.max_num_batched_tokens
+        self.vocab_size: int = mc.get_vocab_size()
+        self.max_num_blocks_per_req = -(-self.max_model_len // self.block_size)
+        self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, self.max_num_blocks_per_req)
+        self.sampler = Sampler()
+        # Kept across preemption (dropped only when the request finishes): a resumed seeded request
+        # continues its random stream, and prompt logprobs are not sent twice.
+        self.generators: dict[str, torch.Generator] = {}
+        self.prompt_logprobs_next: dict[str, int] = {}
+        self.model: nn.Module | None = None
+        self.kv_caches: list[torch.Tensor] = []
+
+        pin = current_platform.is_pin_memory_available() and self.device.type != "cpu"
+        t, r = self.max_num_tokens, self.max_num_reqs
+        self._input_ids = _StagedBuffer(t, torch.int64, self.device, pin)
+        self._positions = _StagedBuffer(t, torch.int64, self.device, pin)
+        self._slot_mapping = _StagedBuffer(t, torch.int64, self.device, pin)
+        self._query_start_loc = _StagedBuffer(r + 1, torch.int32, self.device, pin)
+        self._seq_lens = _StagedBuffer(r, torch.int32, self.device, pin)
+        self._num_computed = _StagedBuffer(r, torch.int32, self.device, pin)
+        self._block_tables = _StagedBuffer((r, self.max_num_blocks_per_req), torch.int32, self.device, pin)
+        self._logits_indices = _StagedBuffer(r, torch.int64, self.device, pin)
+        # Reused index scratch of the flattened batch.
+        self._arange = np.arange(max(t, r + 1), dtype=np.int64)
+        # Marks the end of a step's host->device input copies: the pinned host buffers are rewritten
+        # next step only after it (a step that samples nothing has no other sync point).
+        self._inputs_copied = torch.cuda.Event() if self.device.type == "cuda" else None
+
+    # ------------------------------------------------------------------------------- setup
+    def load_model(self) -> None:
+        self.model = get_model(self.engine_config)
+        self._forward = self._build_forward(self.model)
+        logger.info(
+            "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
+        )
+
+    def _build_forward(self, model: nn.Module) -> Any:
+        """The callable `(input_ids, positions) -> hidden_states` each step runs: the hook where a
+        compiled or graph-captured forward plugs in (`compilation_config.mode`, issue 6)."""
+        from pagedllm.config.compilation import CompilationMode
+
+        mode = self.engine_config.compilation_config.mode
+        if mode not in (None, CompilationMode.NONE):
+            # The eager forward is what every mode computes; compilation only changes its speed.
+            logger.info(
+                "compilation mode %s is not wired into the model runner yet; running eagerly", mode.name
+            )
+        return model
+
+    def _require_model(self) -> nn.Module:
+        if self.model is None:
+            raise RuntimeError("ModelRunner.load_model() must be called first")
+        return self.model
+
+    def weights_bytes(self) -> int:
+        model = self._require_model()
+        return sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def get_kv_cache_spec(self) -> KVCacheSpec:
+        layers = attention_layers(self._require_model())
+        if not layers:
+            raise RuntimeError(f"{type(self.model).__name__} has no attention layers to give a KV cache")
+        return KVCacheSpec(
+            block_size=self.block_size,
+            num_kv_heads=[layer.num_kv_heads for layer in layers.values()],
+            head_size=[layer.head_size for layer in layers.values()],
+            dtype=self.kv_cache_dtype,
+        )
+
+    def determine_available_kv_cache_bytes(self) -> int:
+        """Bytes the KV cache may take: `kv_cache_memory_bytes` when set; else on CPU a share of the
+        available RAM, on CUDA `gpu_memory_utilization * total` minus what a profiling forward at
+        `max_num_batched_tokens` used."""
+        if self.cache_config.kv_cache_memory_bytes is not None:
+            return int(self.cache_config.kv_cache_memory_bytes)
+        spec = self.get_kv_cache_spec()
+        if self.device.type == "cpu":
+            max_useful_blocks = self.max_num_reqs * self.max_num_blocks_per_req
+            return cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block)
+        return profile_cuda_kv_cache_budget(
+            self.device, self.cache_config.gpu_memory_utilization, self.profile_run
+        )
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward at the largest step size (attention without the cache) plus the largest logits
+        and sampling batch, to measure peak activation memory."""
+        model = self._require_model()
+        n = self.max_num_tokens
+        ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+        positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
+        with set_forward_context(None):
+            hidden = self._forward(ids, positions)
+        rows = min(self.max_num_reqs, n)
+        logits = model.compute_logits(hidden[-rows:])
+        logits.argmax(dim=-1)
+        del hidden, logits
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate one `[2, num_blocks, block_size, num_kv_heads, head_size]` tensor per attention
+        layer and bind it. Zero-filled: masked cache slots must never hold NaN/inf (0 * NaN = NaN in
+        the attention's value product)."""
+        model = self._require_model()
+        spec = self.get_kv_cache_spec()
+        backend = get_attn_backend()
+        self.kv_caches = [
+            torch.zeros(
+                backend.get_kv_cache_shape(num_blocks, self.block_size, kv_heads, head_size),
+                dtype=self.kv_cache_dtype,
+                device=self.device,
+            )
+            for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
+        ]
+        bind_kv_cache(model, self.kv_caches)
+        self.num_blocks = num_blocks
+
+    # ------------------------------------------------------------------------------- stepping
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            batch.remove_request(req_id)
+            self.generators.pop(req_id, None)
+            self.prompt_logprobs_next.pop(req_id, None)
+        for req_id in so.preempted_req_ids:
+            batch.remove_request(req_id)
+        for new in so.scheduled_new_reqs:
+            batch.add_request(new)
+            params = new.sampling_params
+            if params.seed is not None and not params.is_greedy and new.req_id not in self.generators:
+                self.generators[new.req_id] = make_generator(params.seed, self.device)
+            if params.prompt_logprobs is not None and new.req_id not in self.prompt_logprobs_next:
+                self.prompt_logprobs_next[new.req_id] = new.num_computed_tokens
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
+            row = batch.req_id_to_row[req_id]
+            batch.num_computed_tokens[row] = num_computed
+            batch.append_blocks(row, new_blocks)
+
+    def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
+        batch = self.input_batch
+        total = so.total_num_scheduled_tokens
+        if total > self.max_num_tokens:
+            raise ValueError(
+                f"{total} tokens scheduled, more than max_num_batched_tokens={self.max_num_tokens}"
+            )
+        if self._inputs_copied is not None:
+            self._inputs_copied.synchronize()
+        req_ids = list(so.num_scheduled_tokens)
+        rows = np.fromiter((batch.req_id_to_row[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        num_sched = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
+        # Decodes first: the attention backend takes its no-gather fast path when the decode rows are
+        # exactly the first rows of the batch.
+        order = np.argsort(num_sched > 1, kind="stable")
+        rows, num_sched = rows[order], num_sched[order]
+        req_ids = [req_ids[i] for i in order]
+        num_reqs = len(req_ids)
+
+        cu = np.cumsum(num_sched)
+        qsl = self._query_start_loc.np[: num_reqs + 1]
+        qsl[0] = 0
+        qsl[1:] = cu
+        computed = batch.num_computed_tokens[rows]
+        seq_lens = computed + num_sched
+
+        # Per token: its request's row and its position (computed tokens + offset in this step's run).
+        tok_req = np.repeat(rows, num_sched)
+        positions = self._positions.np[:total]
+        np.subtract(self._arange[:total], np.repeat(cu - num_sched - computed, num_sched), out=positions)
+        width = batch.token_ids.shape[1]
+        np.take(batch.token_ids.reshape(-1), tok_req * width + positions, out=self._input_ids.np[:total])
+        block_idx = tok_req * self.max_num_blocks_per_req + positions // self.block_size
+        block_ids = np.take(batch.block_table.reshape(-1), block_idx)
+        np.add(block_ids * self.block_size, positions % self.block_size, out=self._slot_mapping.np[:total])
+
+        self._seq_lens.np[:num_reqs] = seq_lens
+        self._num_computed.np[:num_reqs] = computed
+        np.take(batch.block_table, rows, axis=0, out=self._block_tables.np[:num_reqs])
+
+        # A request samples when its whole sequence is in the cache after this step; otherwise it is
+        # mid-prefill (its next chunk comes later).
+        sample_idx = np.flatnonzero(seq_lens >= batch.num_tokens[rows])
+        max_seq_len = int(seq_lens.max())
+        max_blocks = -(-max_seq_len // self.block_size)
+        md = AttentionMetadata(
+            num_actual_tokens=total,
+            num_reqs=num_reqs,
+            query_start_loc=self._query_start_loc.to_device(num_reqs + 1),
+            seq_lens=self._seq_lens.to_device(num_reqs),
+            num_computed_tokens=self._num_computed.to_device(num_reqs),
+            block_tables=self._block_tables.to_device(num_reqs)[:, :max_blocks],
+            slot_mapping=self._slot_mapping.to_device(total),
+            max_query_len=int(num_sched.max()),
+            max_seq_len=max_seq_len,
+            query_start_loc_cpu=qsl.tolist(),
+            seq_lens_cpu=seq_lens.tolist(),
+        )
+        input_ids = self._input_ids.to_device(total)
+        positions_dev = self._positions.to_device(total)
+        if self._inputs_copied is not None:
+            self._inputs_copied.record()
+        return _StepInputs(
+            attn_metadata=md,
+            input_ids=input_ids,
+            positions=positions_dev,
+            req_ids=req_ids,
+            rows=rows,
+            query_start_loc=qsl.copy(),
+            sample_idx=sample_idx,
+        )
+
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        model = self._require_model()
+        inputs = self._prepare_inputs(so)
+        with set_forward_context(inputs.attn_metadata):
+            hidden = self._forward(inputs.input_ids, inputs.positions)
+
+        num_reqs = len(inputs.req_ids)
+        sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
+        logprobs: list[LogprobsLists | None] = [None] * num_reqs
+        n_sample = inputs.sample_idx.size
+        if n_sample:
+            sampled, sampled_lps = self._sample(model, hidden, inputs)
+            self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
+            for j, i in enumerate(inputs.sample_idx.tolist()):
+                sampled_token_ids[i] = [sampled[j]]
+                logprobs[i] = sampled_lps[j]
+        prompt_logprobs = self._prompt_logprobs(model, hidden, inputs) if self.prompt_logprobs_next else {}
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
+            sampled_token_ids=sampled_token_ids,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def _sample(
+        self, model: nn.Module, hidden: torch.Tensor, inputs: _StepInputs
+    ) -> tuple[list[int], list[LogprobsLists | None]]:
+        batch = self.input_batch
+        idx = inputs.sample_idx
+        n = idx.size
+        self._logits_indices.np[:n] = inputs.query_start_loc[idx + 1] - 1
+        logits = model.compute_logits(hidden.index_select(0, self._logits_indices.to_device(n)))
+        rows = inputs.rows[idx].tolist()
+        generators = {
+            j: self.generators[batch.req_ids[row]]  # type: ignore[index]
+            for j, row in enumerate(rows)
+            if batch.req_ids[row] in self.generators
+        }
+        params = [batch.sampling_params[row] for row in rows]
+        metadata = build_sampling_metadata(
+            params,  # type: ignore[arg-type]
+            [batch.prompt_token_ids(row) for row in rows],
+            [batch.output_token_ids(row) for row in rows],
+            generators,
+            self.vocab_size,
+            self.device,
+        )
+        out = self.sampler(logits, metadata)
+        sampled: list[int] = out.sampled_token_ids.tolist()
+        if out.logprobs is None:
+            return sampled, [None] * n
+        return sampled, out.logprobs.to_request_lists(metadata.num_logprobs)
+
+    def _prompt_logprobs(
+        self, model: nn.Module, hidden: torch.Tensor, inputs: _StepInputs
+    ) -> dict[str, LogprobsLists | None]:
+        """Logprobs of each prompt token given the tokens before it, for this step's chunk (the first
+        prompt token has none). Requests with prompt logprobs are few; the loop is per request."""
+        batch = self.input_batch
+        out: dict[str, LogprobsLists | None] = {}
+        for i, req_id in enumerate(inputs.req_ids):
+            start_pos = self.prompt_logprobs_next.get(req_id)
+            if start_pos is None:
+                continue
+            row = int(inputs.rows[i])
+            computed = int(batch.num_computed_tokens[row])
+            first, last = int(inputs.query_start_loc[i]), int(inputs.query_start_loc[i + 1])
+            # Positions p predict the prompt token p + 1; the last prompt position predicts an output.
+            begin = max(start_pos, computed)
+            end = min(computed + last - first, int(batch.num_prompt_tokens[row]) - 1)
+            if end <= begin:
+                continue
+            params = batch.sampling_params[row]
+            assert params is not None and params.prompt_logprobs is not None
+            parts = []
+            for lo in range(begin, end, _PROMPT_LOGPROBS_ROWS):
+                hi = min(lo + _PROMPT_LOGPROBS_ROWS, end)
+                logits = model.compute_logits(hidden[first + lo - computed : first + hi - computed])
+                targets = torch.from_numpy(batch.token_ids[row, lo + 1 : hi + 1]).to(self.device)
+                parts.append(compute_prompt_logprobs(logits, targets, params.prompt_logprobs).tolists())
+            out[req_id] = LogprobsLists(
+                token_ids=[t for p in parts for t in p.token_ids],
+                logprobs=[lp for p in parts for lp in p.logprobs],
+                sampled_token_ranks=[r for p in parts for r in p.sampled_token_ranks],
+            )
+            self.prompt_logprobs_next[req_id] = end
+        return out
+
+
+def _resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    if cache_dtype == "auto":
+        return model_dtype
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if cache_dtype not in dtypes:
+        raise ValueError(
+            f"cache_dtype={cache_dtype!r} is not supported by the model runner yet "
+            f"(supported: auto, {', '.join(dtypes)})"
+        )
+    return dtypes[cache_dtype]

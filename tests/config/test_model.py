@@ -1,0 +1,174 @@
+"""ModelConfig: model sources, the GGUF header reader against transformers' own, dtype and
+max_model_len resolution, sampling defaults and token ids."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from config_testing import write_hf_dir
+from transformers import LlamaConfig
+
+from pagedllm.config import ModelConfig, ParallelConfig
+from pagedllm.config.gguf_metadata import SkippedArray, read_gguf_header
+from pagedllm.config.hf_utils import derived_max_model_len, rope_parameters, rope_scaling, rope_theta
+from pagedllm.config.model_source import resolve_model_source
+from pagedllm.platforms import override_platform
+
+
+def test_default_model_is_embedded_gguf(smollm2_gguf: Path) -> None:
+    for mc in (ModelConfig(), ModelConfig(model="SmolLM2-135M-Instruct")):
+        assert mc.gguf_file == smollm2_gguf and mc.model_path == smollm2_gguf.parent
+        assert mc.architecture == "LlamaForCausalLM" and mc.architectures == ["LlamaForCausalLM"]
+        assert mc.max_model_len == 8192 and mc.quantization == "gguf"
+        assert mc.served_model_name == "SmolLM2-135M-Instruct"
+        assert mc.eos_token_ids == [2] and mc.bos_token_id == 1
+        assert mc.chat_template is not None and "<|im_start|>" in mc.chat_template
+    assert resolve_model_source(None).kind == "embedded"
+
+
+def test_gguf_config_matches_transformers(smollm2_gguf: Path) -> None:
+    from transformers import AutoConfig
+
+    reference = AutoConfig.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name).to_dict()
+    ours = ModelConfig(model=str(smollm2_gguf)).hf_config.to_dict()
+    # Identity fields, not architecture: transformers leaves architectures unset and stores general.name
+    # as `_model_name_or_path`; pagedllm names the architecture and keeps the name in _name_or_path.
+    for key in ("architectures", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        reference.pop(key, None)
+        ours.pop(key, None)
+    assert ours == reference
+
+
+def test_gguf_header_skips_tokenizer_arrays(smollm2_gguf: Path) -> None:
+    header = read_gguf_header(smollm2_gguf)
+    tokens = header.metadata["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, SkippedArray) and tokens.count == 49152
+    assert len(header.tensor_names) == 272 and "output.weight" not in header.tensor_names
+
+
+def test_gguf_dir_and_file_sources(smollm2_gguf: Path, tmp_path: Path) -> None:
+    (tmp_path / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    mc = ModelConfig(model=str(tmp_path))
+    assert mc.gguf_file == tmp_path / smollm2_gguf.name and mc.tokenizer == str(tmp_path / smollm2_gguf.name)
+    (tmp_path / "second.gguf").symlink_to(smollm2_gguf)
+    with pytest.raises(ValueError, match="several GGUF files"):
+        ModelConfig(model=str(tmp_path))
+
+
+def test_gguf_corrupt_and_unsupported(tmp_path: Path, smollm2_gguf: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 32)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        ModelConfig(model=str(bad))
+    truncated = tmp_path / "trunc.gguf"
+    truncated.write_bytes(smollm2_gguf.read_bytes()[:4096])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        ModelConfig(model=str(truncated))
+
+
+def test_hf_directory(tiny_llama_dir: Path) -> None:
+    mc = ModelConfig(model=str(tiny_llama_dir))
+    assert mc.gguf_file is None and mc.model_path == tiny_llama_dir and mc.quantization is None
+    assert mc.tokenizer == str(tiny_llama_dir)
+    assert (mc.get_vocab_size(), mc.get_hidden_size(), mc.get_head_size()) == (256, 64, 16)
+    assert (mc.get_total_num_layers(), mc.max_model_len) == (2, 512)
+    pc = ParallelConfig(tensor_parallel_size=2)
+    assert (mc.get_num_attention_heads(pc), mc.get_num_kv_heads(pc), mc.get_num_layers(pc)) == (2, 1, 2)
+    assert mc.eos_token_ids == [2, 7] and mc.eos_token_id == 2
+    assert mc.get_diff_sampling_param() == {"temperature": 0.6, "top_p": 0.9}
+    over = ModelConfig(model=str(tiny_llama_dir), override_generation_config={"top_k": 5, "temperature": 1.0})
+    assert over.get_diff_sampling_param() == {"temperature": 1.0, "top_k": 5, "top_p": 0.9}
+    assert ModelConfig(model=str(tiny_llama_dir), generation_config="vllm").get_diff_sampling_param() == {}
+
+
+def test_generation_config_path(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    (model_dir / "generation_config.json").unlink()
+    assert ModelConfig(model=str(model_dir)).get_diff_sampling_param() == {}
+    mc = ModelConfig(model=str(model_dir), generation_config=str(tiny_llama_dir))
+    assert mc.get_diff_sampling_param() == {"temperature": 0.6, "top_p": 0.9}
+
+
+def test_pipeline_layer_split(tmp_path: Path) -> None:
+    mc = ModelConfig(model=write_hf_dir(tmp_path, num_hidden_layers=5))
+    pc = ParallelConfig(pipeline_parallel_size=2)
+    assert [mc.get_layers_start_end_indices(pc, r) for r in (0, 1)] == [(0, 3), (3, 5)]
+
+
+def test_tp_must_divide_heads(tiny_llama_dir: Path) -> None:
+    mc = ModelConfig(model=str(tiny_llama_dir))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(3\).*attention heads \(4\)"):
+        mc.verify_with_parallel_config(ParallelConfig(tensor_parallel_size=3))
+
+
+def test_max_model_len_too_large(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=r"max_model_len \(1024\).*\(512, from max_position_embeddings\)"):
+        ModelConfig(model=str(tiny_llama_dir), max_model_len=1024)
+    assert ModelConfig(model=str(tiny_llama_dir), max_model_len=128).max_model_len == 128
+    monkeypatch.setenv("PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert ModelConfig(model=str(tiny_llama_dir), max_model_len=1024).max_model_len == 1024
+
+
+def test_dtype_resolution(tmp_path: Path) -> None:
+    fp32 = write_hf_dir(tmp_path / "fp32", dtype="float32")
+    fp16 = write_hf_dir(tmp_path / "fp16", dtype="float16")
+    with override_platform("cpu"):
+        assert ModelConfig(model=fp16).dtype == torch.float32
+        assert ModelConfig(model=fp16, dtype="bfloat16").dtype == torch.bfloat16
+        assert ModelConfig(model=fp32, dtype=torch.float16).dtype == torch.float16
+    with override_platform("cuda", capability=(9, 0)):
+        assert ModelConfig(model=fp16).dtype == torch.float16
+        assert ModelConfig(model=fp32).dtype == torch.bfloat16
+    with override_platform("cuda", capability=(7, 5)):
+        assert ModelConfig(model=fp32).dtype == torch.float16
+
+
+def test_bad_dtype_names_field() -> None:
+    with pytest.raises(ValueError, match="dtype"):
+        ModelConfig(dtype="float64")
+
+
+def test_missing_local_path(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such file or directory"):
+        ModelConfig(model=str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="neither a config.json nor a .gguf"):
+        ModelConfig(model=str(tmp_path / "empty"))
+
+
+def test_offline_hub_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(
+        ValueError, match=r"cannot fetch model 'someorg/some-model'.*HF_HUB_OFFLINE.*model=<path>"
+    ):
+        ModelConfig(model="someorg/some-model", download_dir=str(tmp_path))
+
+
+def test_hf_overrides_and_untie(tmp_path: Path) -> None:
+    path = Path(write_hf_dir(tmp_path, tie_word_embeddings=True))
+    mc = ModelConfig(model=str(path), hf_overrides={"rms_norm_eps": 1e-3})
+    assert mc.hf_config.rms_norm_eps == 1e-3
+    from safetensors.torch import save_file
+
+    save_file(
+        {"lm_head.weight": torch.zeros(2, 2), "model.norm.weight": torch.zeros(2)}, path / "model.safetensors"
+    )
+    mc = ModelConfig(model=str(path))
+    mc.maybe_untie_word_embeddings()
+    assert mc.hf_text_config.tie_word_embeddings is False
+
+
+def test_rope_helpers_old_and_new_style() -> None:
+    new = LlamaConfig(rope_parameters={"rope_theta": 5e5, "rope_type": "default"})
+    assert rope_theta(new) == 5e5 and rope_scaling(new) is None
+    # A transformers 4 style config: rope_theta plus a rope_scaling dict with the legacy "type" key.
+    old = SimpleNamespace(
+        rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0}, max_position_embeddings=1000
+    )
+    assert rope_parameters(old) == {"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}
+    assert derived_max_model_len(old) == (2000, "max_position_embeddings x rope factor 2.0")

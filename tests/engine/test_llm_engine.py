@@ -1,0 +1,171 @@
+"""LLMEngine over a scripted core client (front-end logic), and over the real EngineCore on a tiny model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.outputs import RequestOutput
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.tokenizer import get_tokenizer
+
+SCRIPT = " one two three four five six seven eight nine ten"
+
+
+@dataclass
+class FakeModelConfig:
+    max_model_len: int = 128
+    max_logprobs: int = 20
+    eos_token_ids: list[int] = field(default_factory=lambda: [2])
+
+    def get_vocab_size(self) -> int:
+        return 49152
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        return {}
+
+
+class ScriptedCore:
+    """Emits the tokens of SCRIPT one per step for every request, finishing at max_tokens."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = script
+        self.requests: dict[str, EngineCoreRequest] = {}
+        self.progress: dict[str, int] = {}
+        self.aborted: list[str] = []
+        self.reject: dict[str, str] = {}
+        self.pending_errors: dict[str, str] = {}
+        self.prefix_cache_resets = 0
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        if request.request_id in self.reject:
+            self.pending_errors[request.request_id] = self.reject[request.request_id]
+            return
+        self.requests[request.request_id] = request
+        self.progress[request.request_id] = 0
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.aborted += request_ids
+        for request_id in request_ids:
+            self.requests.pop(request_id, None)
+
+    def get_output(self) -> EngineCoreOutputs:
+        outputs = []
+        for request_id, request in list(self.requests.items()):
+            done = self.progress[request_id]
+            token = self.script[done % len(self.script)]
+            self.progress[request_id] = done + 1
+            finished = done + 1 >= request.sampling_params.max_tokens
+            outputs.append(
+                EngineCoreOutput(request_id, [token], finish_reason=FinishReason.LENGTH if finished else None)
+            )
+            if finished:
+                del self.requests[request_id]
+        errors, self.pending_errors = self.pending_errors, {}
+        return EngineCoreOutputs(outputs, errors=errors)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self.pending_errors)
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache_resets += 1
+        return True
+
+    def shutdown(self) -> None:
+        self.requests.clear()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_gguf: Path) -> Any:
+    return get_tokenizer(smollm2_gguf)
+
+
+@pytest.fixture
+def engine(tokenizer: Any) -> LLMEngine:
+    config = SimpleNamespace(model_config=FakeModelConfig())
+    return LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
+
+
+def run(engine: LLMEngine) -> dict[str, RequestOutput]:
+    finished: dict[str, RequestOutput] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+    return finished
+
+
+def test_requests_run_to_completion(engine: LLMEngine, tokenizer: Any) -> None:
+    engine.add_request("a", "Count:", SamplingParams(max_tokens=3, output_kind=RequestOutputKind.FINAL_ONLY))
+    engine.add_request("b", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=5))
+    assert engine.get_num_unfinished_requests() == 2
+    finished = run(engine)
+    script = tokenizer.encode(SCRIPT)
+    assert finished["a"].outputs[0].token_ids == script[:3]
+    assert finished["a"].outputs[0].text == tokenizer.decode(script[:3])
+    assert finished["b"].outputs[0].token_ids == script[:5]
+    assert finished["b"].prompt is None and finished["b"].prompt_token_ids == [5, 6]
+    assert not engine.has_unfinished_requests()
+
+
+def test_stop_string_aborts_core_request(engine: LLMEngine) -> None:
+    engine.add_request("a", "Count:", SamplingParams(max_tokens=10, stop=" four"))
+    finished = run(engine)
+    assert finished["a"].outputs[0].text == " one two three"
+    assert finished["a"].outputs[0].stop_reason == " four"
+    assert engine.engine_core.aborted == ["a"]  # type: ignore[attr-defined]
+
+
+def test_n_children_in_core(engine: LLMEngine) -> None:
+    engine.add_request("p", "Count:", SamplingParams(n=3, seed=7, max_tokens=2, temperature=0.7))
+    core = engine.engine_core
+    assert sorted(core.requests) == ["0_p", "1_p", "2_p"]  # type: ignore[attr-defined]
+    assert [core.requests[f"{i}_p"].sampling_params.seed for i in range(3)] == [7, 8, 9]  # type: ignore[attr-defined]
+    finished = run(engine)
+    assert [c.index for c in finished["p"].outputs] == [0, 1, 2]
+
+
+def test_abort_request(engine: LLMEngine) -> None:
+    engine.add_request("p", "Count:", SamplingParams(n=2, max_tokens=8))
+    engine.add_request("s", "Count:", SamplingParams(max_tokens=8))
+    engine.step()
+    engine.abort_request(["p", "s"])
+    assert sorted(engine.engine_core.aborted) == ["0_p", "1_p", "s"]  # type: ignore[attr-defined]
+    assert not engine.has_unfinished_requests()
+    assert engine.step() == []
+
+
+def test_validation_and_duplicate_ids(engine: LLMEngine) -> None:
+    with pytest.raises(ValueError, match="max_tokens=500 is too large"):
+        engine.add_request("a", "Count:", SamplingParams(max_tokens=500))
+    assert not engine.has_unfinished_requests()
+    engine.add_request("a", "Count:", SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request("a", "Count:", SamplingParams(max_tokens=2))
+
+
+def test_core_rejection_raises(engine: LLMEngine) -> None:
+    engine.engine_core.reject["a"] = "ValueError: no room"  # type: ignore[attr-defined]
+    engine.add_request("a", "Count:", SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="request 'a': ValueError: no room"):
+        engine.step()
+    assert not engine.has_unfinished_requests()
+
+
+def test_lost_request_is_an_error_not_a_hang(engine: LLMEngine) -> None:
+    engine.add_request("a", "Count:", SamplingParams(max_tokens=4))
+    engine.engine_core.requests.clear()  # type: ignore[attr-defined]
+    with pytest.raises(RuntimeError, match="no record of requests"):
+        engine.step()
+
+
+def test_tokenizer_and_prefix_cache(engine: LLMEngine, tokenizer: Any) -> None:
+    assert engine.get_tokenizer() is tokenizer
+    assert engine.reset_prefix_cache() is True
+    assert engine.engine_core.prefix_cache_resets == 1  # type: ignore[attr-defined]

@@ -1,0 +1,112 @@
+"""A real `pagedllm serve` process on 127.0.0.1 for the server tests (always killed in teardown)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+# Small and fast: a short context, few sequences' worth of KV cache, no compilation.
+SERVER_ARGS = [
+    "--max-model-len",
+    "512",
+    "--max-num-seqs",
+    "64",
+    "--kv-cache-memory-bytes",
+    "256M",
+    "-O0",
+    "--uvicorn-log-level",
+    "warning",
+]
+MODEL_NAME = "SmolLM2-135M-Instruct"
+STARTUP_TIMEOUT_S = 240.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RemoteServer:
+    """`python -m pagedllm.entrypoints.cli serve ...` in its own session, with its log in a temp file."""
+
+    def __init__(self, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="pagedllm-server-", suffix=".log", delete=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pagedllm.entrypoints.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            *SERVER_ARGS,
+            *(extra_args or []),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        self.psutil_proc = psutil.Process(self.proc.pid)
+        self._wait_healthy()
+        # The engine core process, known now that the server answers.
+        self.children = self.psutil_proc.children(recursive=True)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return Path(self._log.name).read_text(errors="replace")[-chars:]
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.kill()
+        raise RuntimeError(f"server did not become healthy in {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def engine_process(self) -> psutil.Process:
+        [engine] = [p for p in self.children if p.is_running() and "python" in p.name().lower()]
+        return engine
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """Stop the server and everything it started, whatever state it is in."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        for child in self.children:
+            if child.is_running():
+                child.kill()
+        self._log.close()
+
+    def leftover_children(self, timeout: float = 15.0) -> list[psutil.Process]:
+        """Processes the server started that are still alive (after waiting up to ``timeout``)."""
+        _, alive = psutil.wait_procs([c for c in self.children if c.is_running()], timeout=timeout)
+        return [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]

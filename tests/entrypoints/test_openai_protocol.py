@@ -1,0 +1,110 @@
+"""Request models -> SamplingParams, and the OpenAI error shape, with no server."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.sampling_params import RequestOutputKind
+
+
+def test_completion_request_sampling_params() -> None:
+    request = CompletionRequest(
+        prompt="x", max_tokens=7, temperature=0.5, top_k=3, min_p=0.1, repetition_penalty=1.2, ignore_eos=True,
+        stop="END", seed=11, logprobs=2, logit_bias={"5": 1.5}, n=2,
+    )  # fmt: skip
+    params = request.to_sampling_params()
+    assert (params.max_tokens, params.temperature, params.top_k, params.min_p) == (7, 0.5, 3, 0.1)
+    assert (params.repetition_penalty, params.ignore_eos, params.seed, params.logprobs, params.n) == (
+        1.2,
+        True,
+        11,
+        2,
+        2,
+    )
+    assert params.stop == ["END"]
+    assert params.logit_bias == {5: 1.5}
+    assert params.output_kind == RequestOutputKind.FINAL_ONLY
+    # Fields the client did not give are left for the model's generation config.
+    assert "top_p" not in params.user_set_fields
+    assert (
+        CompletionRequest(prompt="x", stream=True).to_sampling_params().output_kind == RequestOutputKind.DELTA
+    )
+
+
+def test_chat_request_token_limits_and_logprobs() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    assert ChatCompletionRequest(messages=messages).to_sampling_params().max_tokens is None
+    both = ChatCompletionRequest(messages=messages, max_tokens=9, max_completion_tokens=4)
+    assert both.to_sampling_params().max_tokens == 4
+    assert ChatCompletionRequest(messages=messages, max_tokens=9).to_sampling_params().max_tokens == 9
+    assert ChatCompletionRequest(messages=messages).to_sampling_params().logprobs is None
+    assert ChatCompletionRequest(messages=messages, logprobs=True).to_sampling_params().logprobs == 0
+    top = ChatCompletionRequest(messages=messages, logprobs=True, top_logprobs=3)
+    assert top.to_sampling_params().logprobs == 3
+
+
+def test_unknown_fields_are_reported_not_rejected() -> None:
+    request = CompletionRequest(prompt="x", frobnicate=1, zeta=2)
+    assert request.ignored_fields() == ["frobnicate", "zeta"]
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ("top_p must be in (0, 1], got 1.5", "top_p"),
+        ("max_tokens=1000 is too large: the prompt has 6 tokens", "max_tokens"),
+        ("logprobs=50 is more than the model's max_logprobs=20", "logprobs"),
+        ("min_tokens=5 is more than max_tokens=3", "min_tokens"),
+        ("prompt_token_ids contains token ids outside the vocabulary", None),
+        ("something unrelated", None),
+    ],
+)
+def test_guess_param(message: str, param: str | None) -> None:
+    assert guess_param(message, ["max_tokens", "top_p", "logprobs", "min_tokens", "prompt_logprobs"]) == param
+
+
+def test_models_check() -> None:
+    models = OpenAIServingModels(["a", "b"], "/models/a", 512)
+    assert models.check_model(None) == "a"
+    assert models.check_model("b") == "b"
+    with pytest.raises(OpenAIError) as info:
+        models.check_model("c")
+    assert info.value.status == 404 and info.value.param == "model"
+    assert [card.id for card in models.list_models().data] == ["a", "b"]
+
+
+def test_validation_errors_become_openai_400s() -> None:
+    from fastapi.exceptions import RequestValidationError
+
+    from pagedllm.entrypoints.openai.errors import error_response, validation_error
+
+    app = FastAPI()
+
+    @app.exception_handler(RequestValidationError)
+    async def handler(_: object, exc: RequestValidationError):  # type: ignore[no-untyped-def]
+        return error_response(validation_error(exc))
+
+    @app.post("/c")
+    async def create(request: CompletionRequest) -> dict[str, str]:
+        return {"ok": "yes"}
+
+    client = TestClient(app)
+    cases = [
+        ({"prompt": "x", "n": "two"}, "n"),
+        ({"prompt": {"a": 1}}, "prompt"),
+        ({}, "prompt"),
+        ([1, 2], None),
+    ]
+    for body, param in cases:
+        response = client.post("/c", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param
+        assert error["type"] == "BadRequestError"
+        assert "pydantic" not in error["message"]
+    assert client.post("/c", json={}).json()["error"]["message"] == "prompt is required"

@@ -1,0 +1,331 @@
+"""The OpenAI-compatible server end to end: one real server process (SmolLM2), the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import openai
+import pytest
+from remote_server import MODEL_NAME, RemoteServer
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def client(server: RemoteServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _metrics(server: RemoteServer) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r'^(pagedllm:\w+)\{model_name="([^"]*)"\} (\S+)$', line)
+        if match and match.group(2) == MODEL_NAME:
+            values[match.group(1)] = float(match.group(3))
+    return values
+
+
+def _tokenize(server: RemoteServer, **body: object) -> list[int]:
+    response = httpx.post(f"{server.url}/tokenize", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()["tokens"]
+
+
+# ------------------------------------------------------------------------------------- basic routes
+def test_models_health_version(server: RemoteServer, client: openai.OpenAI) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL_NAME]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/version").json()["version"]
+
+
+def test_tokenize_detokenize_round_trip(server: RemoteServer) -> None:
+    tokens = _tokenize(server, prompt=PROMPT)
+    assert tokens
+    response = httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}).json()
+    assert response["prompt"] == PROMPT
+    chat_tokens = _tokenize(server, messages=[{"role": "user", "content": "Hi"}])
+    assert len(chat_tokens) > len(_tokenize(server, prompt="Hi"))
+
+
+# ---------------------------------------------------------------------------------------- completions
+def test_greedy_completion_matches_offline_llm(client: openai.OpenAI) -> None:
+    from pagedllm import LLM, SamplingParams
+
+    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0.0)
+    llm = LLM(max_model_len=512, optimization_level=0, kv_cache_memory_bytes=64 * 2**20)
+    try:
+        [offline] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    choice = response.choices[0]
+    assert choice.text == offline.outputs[0].text
+    assert response.usage.completion_tokens == len(offline.outputs[0].token_ids)
+    assert response.usage.prompt_tokens == len(offline.prompt_token_ids)
+    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+
+
+def test_completion_prompt_forms_n_and_usage(server: RemoteServer, client: openai.OpenAI) -> None:
+    ids = _tokenize(server, prompt=PROMPT)
+    from_text = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, temperature=0)
+    from_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=6, temperature=0)
+    assert from_ids.choices[0].text == from_text.choices[0].text
+    assert from_ids.usage.prompt_tokens == len(ids)
+    batch = client.completions.create(
+        model=MODEL_NAME, prompt=[PROMPT, "Once upon a time"], max_tokens=5, n=2, temperature=0.8, seed=7,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+    assert all(c.finish_reason == "length" for c in batch.choices)
+    other_ids = _tokenize(server, prompt="Once upon a time")
+    assert batch.usage.prompt_tokens == len(ids) + len(other_ids)
+    assert batch.usage.completion_tokens == 4 * 5
+
+
+def test_completion_echo_and_logprobs(client: openai.OpenAI) -> None:
+    echoed = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0, echo=True
+    )
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0)
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    scored = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3
+    )
+    logprobs = scored.choices[0].logprobs
+    assert logprobs is not None
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == scored.usage.completion_tokens == 5
+    assert "".join(logprobs.tokens) == scored.choices[0].text
+    assert logprobs.text_offset[0] == 0
+    for token, token_logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert token_logprob <= 0.0
+        assert 3 <= len(top) <= 4
+        # Greedy: the sampled token is the most likely one.
+        assert top[token] == pytest.approx(max(top.values()))
+
+
+def test_completion_stop_string(client: openai.OpenAI) -> None:
+    full = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16, temperature=0)
+    text = full.choices[0].text
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = words[2]
+    stopped = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop]
+    )
+    choice = stopped.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.text == text[: text.index(stop)]
+    assert choice.model_extra["stop_reason"] == stop
+
+
+def test_seed_reproducibility(client: openai.OpenAI) -> None:
+    def sample(seed: int) -> str:
+        response = client.completions.create(
+            model=MODEL_NAME, prompt="My favourite animal is", max_tokens=12, temperature=1.0, seed=seed,
+            extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        return response.choices[0].text
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert len({first, sample(1), sample(2)}) > 1
+
+
+def test_streaming_completion_equals_full(client: openai.OpenAI) -> None:
+    full = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=10, temperature=0)
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=10, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+
+
+# ------------------------------------------------------------------------------------------------ chat
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": [{"type": "text", "text": "What is 2 + 2?"}]},
+]
+
+
+def test_chat_full_and_streamed(server: RemoteServer, client: openai.OpenAI) -> None:
+    full = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0)
+    message = full.choices[0].message
+    assert message.role == "assistant" and message.content
+    assert full.usage.prompt_tokens == len(_tokenize(server, messages=MESSAGES))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == message.content
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_chat_n_logprobs_and_token_limits(client: openai.OpenAI) -> None:
+    response = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=4, n=2, temperature=1.0, seed=3,
+        logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert sorted(c.index for c in response.choices) == [0, 1]
+    assert response.usage.completion_tokens == 8
+    for choice in response.choices:
+        assert choice.finish_reason == "length"
+        content = choice.logprobs.content
+        assert len(content) == 4
+        assert "".join(item.token for item in content) == choice.message.content
+        for item in content:
+            assert len(item.top_logprobs) == 2
+            assert item.top_logprobs[0].logprob >= item.top_logprobs[1].logprob
+    capped = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=3, temperature=0)
+    assert capped.usage.completion_tokens == 3
+
+
+def test_chat_template_override_and_generation_prompt(server: RemoteServer, client: openai.OpenAI) -> None:
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    response = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Hello there"}], max_tokens=2, temperature=0,
+        extra_body={"chat_template": template, "add_generation_prompt": False},
+    )  # fmt: skip
+    expected = _tokenize(server, prompt="user: Hello there\n", add_special_tokens=False)
+    assert response.usage.prompt_tokens == len(expected)
+
+
+# ------------------------------------------------------------------------------- concurrency, aborts
+def test_64_concurrent_streams(server: RemoteServer) -> None:
+    async def one(aclient: openai.AsyncOpenAI, i: int) -> tuple[int, int, str]:
+        stream = await aclient.completions.create(
+            model=MODEL_NAME, prompt=f"Request number {i}:", max_tokens=6, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        text, usage = "", None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert usage is not None
+        return usage.completion_tokens, usage.prompt_tokens, text
+
+    async def run_all() -> list[tuple[int, int, str]]:
+        limits = httpx.Limits(max_connections=100)
+        http = httpx.AsyncClient(limits=limits, timeout=300)
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", http_client=http) as aclient:
+            return await asyncio.gather(*(one(aclient, i) for i in range(64)))
+
+    results = asyncio.run(run_all())
+    assert [r[0] for r in results] == [6] * 64
+    for i, (_, prompt_tokens, _) in enumerate(results):
+        assert prompt_tokens == len(_tokenize(server, prompt=f"Request number {i}:"))
+
+
+def test_aborted_stream_frees_blocks(server: RemoteServer) -> None:
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        received = [line for _, line in zip(range(6), lines) if line]
+        assert received
+        assert _metrics(server)["pagedllm:kv_cache_usage_perc"] > 0
+    # Closing the connection aborts the request: its blocks go back to the pool.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        metrics = _metrics(server)
+        if metrics["pagedllm:kv_cache_usage_perc"] == 0 and metrics["pagedllm:num_requests_running"] == 0:
+            break
+        time.sleep(0.2)
+    assert metrics["pagedllm:kv_cache_usage_perc"] == 0
+    assert metrics["pagedllm:num_requests_running"] == 0
+    assert metrics["pagedllm:generation_tokens_total"] > 0
+    assert metrics["pagedllm:time_to_first_token_seconds_count"] > 0
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def _error(response: httpx.Response, status: int, param: str | None) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status
+    assert error["param"] == param, error
+    return error["message"]
+
+
+def test_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+    assert "no-such-model" in str(info.value)
+
+
+def test_length_errors_name_parameter_and_numbers(server: RemoteServer) -> None:
+    url = f"{server.url}/v1/completions"
+    long_prompt = list(range(100, 700))
+    message = _error(httpx.post(url, json={"prompt": long_prompt, "max_tokens": 1}), 400, "prompt")
+    assert "600" in message and "512" in message
+    message = _error(httpx.post(url, json={"prompt": PROMPT, "max_tokens": 1000}), 400, "max_tokens")
+    assert "1000" in message and "512" in message
+    chat = {"messages": [{"role": "user", "content": "hi " * 600}], "max_tokens": 4}
+    message = _error(httpx.post(f"{server.url}/v1/chat/completions", json=chat), 400, "messages")
+    assert "512" in message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": PROMPT, "temperature": -1}, "temperature"),
+        ({"prompt": PROMPT, "top_p": 1.5}, "top_p"),
+        ({"prompt": PROMPT, "n": 0}, "n"),
+        ({"prompt": PROMPT, "logprobs": 50}, "logprobs"),
+        ({"prompt": PROMPT, "max_tokens": "many"}, "max_tokens"),
+        ({"prompt": PROMPT, "stop": 5}, "stop"),
+        ({"prompt": PROMPT, "suffix": "x"}, "suffix"),
+        ({"max_tokens": 3}, "prompt"),
+        ({"prompt": [100, 10**7]}, "prompt"),
+    ],
+)
+def test_completion_validation_errors(server: RemoteServer, body: dict[str, object], param: str) -> None:
+    message = _error(httpx.post(f"{server.url}/v1/completions", json=body), 400, param)
+    # No pydantic internals leak into the message.
+    assert "pydantic" not in message and "errors.pydantic.dev" not in message and "loc" not in message
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": "hello"}, "messages"),
+    ],
+)
+def test_chat_validation_errors(server: RemoteServer, body: dict[str, object], param: str) -> None:
+    _error(httpx.post(f"{server.url}/v1/chat/completions", json=body), 400, param)
+
+
+def test_malformed_json_is_400(server: RemoteServer) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    _error(response, 400, None)
+
+
+def test_no_api_key_needed_when_none_set(client: openai.OpenAI) -> None:
+    bare = openai.OpenAI(base_url=client.base_url, api_key="anything", max_retries=0)
+    assert bare.models.list().data

@@ -1,0 +1,53 @@
+"""Executor selection and the in-process executor driving one worker."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
+from runner_driver import RunnerDriver, hf_greedy, make_config, save_tiny_model  # noqa: E402
+
+from pagedllm.config.parallel import EXECUTOR_SUPPORTS_ASYNC  # noqa: E402
+from pagedllm.executor import Executor  # noqa: E402
+from pagedllm.executor.uniproc import UniProcExecutor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+def test_get_class_uni(model_dir: Path) -> None:
+    cfg = make_config(model_dir)
+    assert cfg.parallel_config.distributed_executor_backend == "uni"
+    assert Executor.get_class(cfg) is UniProcExecutor
+
+
+@pytest.mark.parametrize("backend", ["mp", "ray", "external_launcher"])
+def test_other_backends_are_refused_by_name(model_dir: Path, backend: str) -> None:
+    cfg = make_config(model_dir)
+    cfg.parallel_config.distributed_executor_backend = backend
+    with pytest.raises(ValueError, match=f"distributed_executor_backend='{backend}' is not supported"):
+        Executor.get_class(cfg)
+
+
+def test_async_support_agrees_with_config_table() -> None:
+    # The config reads the table without importing executors; both must say the same.
+    assert UniProcExecutor.supports_async_scheduling() is EXECUTOR_SUPPORTS_ASYNC["uni"]
+
+
+def test_uniproc_executor_runs_the_model(model_dir: Path) -> None:
+    executor = UniProcExecutor(make_config(model_dir, kv_cache_memory_bytes=2**20))
+    spec = executor.get_kv_cache_spec()
+    assert executor.determine_available_kv_cache_bytes() == 2**20
+    executor.initialize_kv_cache(2**20 // spec.bytes_per_block)
+    driver = RunnerDriver(executor, num_blocks=2**20 // spec.bytes_per_block)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    driver.add("r", prompt, 6)
+    assert driver.run()["r"] == hf_greedy(model_dir, prompt, 6)
+    executor.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        executor.get_kv_cache_spec()

@@ -1,0 +1,151 @@
+"""Front-end statistics, Prometheus collectors and the periodic log line, with no engine."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
+from pagedllm.metrics.loggers import LoggingStatLogger
+from pagedllm.metrics.prometheus import PrometheusStatLogger, _token_buckets
+from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
+
+
+def _outputs(*items: tuple[str, list[int], FinishReason | None]) -> EngineCoreOutputs:
+    return EngineCoreOutputs(
+        outputs=[EngineCoreOutput(rid, toks, finish_reason=fr) for rid, toks, fr in items]
+    )
+
+
+def test_tracker_latencies_and_token_counts() -> None:
+    tracker = RequestStatsTracker()
+    tracker.add_request("a", num_prompt_tokens=7, arrival_time=100.0)
+    tracker.add_request("b", num_prompt_tokens=3, arrival_time=100.5)
+    # A step where "a" is still mid-prefill produces nothing for it.
+    first = tracker.update(_outputs(("b", [5], None)), now=101.0)
+    assert first.num_prompt_tokens == 3
+    assert first.num_generation_tokens == 1
+    assert first.time_to_first_tokens == [pytest.approx(0.5)]
+    assert first.inter_token_latencies == []
+    second = tracker.update(_outputs(("a", [1], None), ("b", [6, 7], FinishReason.LENGTH)), now=101.25)
+    assert second.num_prompt_tokens == 7
+    assert second.num_generation_tokens == 3
+    assert second.time_to_first_tokens == [pytest.approx(1.25)]
+    assert second.inter_token_latencies == [pytest.approx(0.25)]
+    [finished] = second.finished_requests
+    assert finished.finish_reason == FinishReason.LENGTH
+    assert finished.e2e_latency == pytest.approx(0.75)
+    assert (finished.num_prompt_tokens, finished.num_generation_tokens) == (3, 3)
+    assert finished.queued_and_prefill_time == pytest.approx(0.5)
+    # Outputs of a request no longer tracked (finished, aborted) are ignored.
+    assert tracker.update(_outputs(("b", [8], None)), now=102.0).num_generation_tokens == 0
+
+
+def test_tracker_finish_request_by_front_end() -> None:
+    tracker = RequestStatsTracker()
+    tracker.add_request("a", num_prompt_tokens=4, arrival_time=10.0)
+    tracker.update(_outputs(("a", [1, 2], None)), now=11.0)
+    stats = tracker.finish_request("a", FinishReason.ABORT, now=12.0)
+    assert stats is not None
+    assert stats.finish_reason == FinishReason.ABORT
+    assert stats.num_generation_tokens == 2
+    assert stats.e2e_latency == pytest.approx(2.0)
+    assert tracker.finish_request("a", FinishReason.ABORT) is None
+
+
+def test_tracker_forgets_rejected_requests() -> None:
+    tracker = RequestStatsTracker()
+    tracker.add_request("bad", num_prompt_tokens=4)
+    tracker.update(EngineCoreOutputs(errors={"bad": "too long"}))
+    assert tracker.finish_request("bad", FinishReason.ABORT) is None
+
+
+def _samples(logger: PrometheusStatLogger) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    result = {}
+    for family in text_string_to_metric_families(logger.render().decode()):
+        for sample in family.samples:
+            result[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return result
+
+
+def test_prometheus_records_gauges_counters_histograms() -> None:
+    prom = PrometheusStatLogger("my-model", max_model_len=2048)
+    tracker = RequestStatsTracker()
+    tracker.add_request("a", num_prompt_tokens=5, arrival_time=0.0)
+    stats = SchedulerStats(
+        num_running_reqs=2,
+        num_waiting_reqs=1,
+        kv_cache_usage=0.25,
+        prefix_cache_queries=32,
+        prefix_cache_hits=16,
+    )
+    prom.record(stats, tracker.update(_outputs(("a", [1], None)), now=0.5))
+    prom.record(stats, tracker.update(_outputs(("a", [2, 3], FinishReason.STOP)), now=0.75))
+    samples = _samples(prom)
+    model = (("model_name", "my-model"),)
+    assert samples[("pagedllm:num_requests_running", model)] == 2
+    assert samples[("pagedllm:num_requests_waiting", model)] == 1
+    assert samples[("pagedllm:kv_cache_usage_perc", model)] == 0.25
+    assert samples[("pagedllm:prefix_cache_queries_total", model)] == 64
+    assert samples[("pagedllm:prefix_cache_hits_total", model)] == 32
+    assert samples[("pagedllm:prompt_tokens_total", model)] == 5
+    assert samples[("pagedllm:generation_tokens_total", model)] == 3
+    assert (
+        samples[("pagedllm:request_success_total", (("finished_reason", "stop"), ("model_name", "my-model")))]
+        == 1
+    )
+    assert samples[("pagedllm:time_to_first_token_seconds_count", model)] == 1
+    assert samples[("pagedllm:time_to_first_token_seconds_sum", model)] == pytest.approx(0.5)
+    assert samples[("pagedllm:inter_token_latency_seconds_sum", model)] == pytest.approx(0.25)
+    assert samples[("pagedllm:e2e_request_latency_seconds_sum", model)] == pytest.approx(0.75)
+    assert samples[("pagedllm:request_queue_time_seconds_count", model)] == 1
+    assert samples[("pagedllm:request_prompt_tokens_sum", model)] == 5
+    assert samples[("pagedllm:request_generation_tokens_sum", model)] == 3
+    # Idle again: the gauges follow the latest stats.
+    prom.record(SchedulerStats(), None)
+    samples = _samples(prom)
+    assert samples[("pagedllm:num_requests_running", model)] == 0
+    assert samples[("pagedllm:kv_cache_usage_perc", model)] == 0.0
+
+
+def test_two_loggers_do_not_share_a_registry() -> None:
+    first = PrometheusStatLogger("m", 128)
+    second = PrometheusStatLogger("m", 128)
+    first.record(None, IterationStats(num_generation_tokens=4))
+    assert _samples(second)[("pagedllm:generation_tokens_total", (("model_name", "m"),))] == 0
+
+
+def test_token_buckets() -> None:
+    assert _token_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
+    assert _token_buckets(2048) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
+
+
+def test_log_line_while_busy_then_once_idle(caplog: pytest.LogCaptureFixture) -> None:
+    stat_logger = LoggingStatLogger()
+    start = stat_logger._last_log_time
+    # Idle from the start: nothing to say.
+    assert stat_logger.log(now=start + 10) is None
+    stat_logger.record(
+        SchedulerStats(
+            num_running_reqs=3,
+            num_waiting_reqs=2,
+            kv_cache_usage=0.5,
+            prefix_cache_queries=10,
+            prefix_cache_hits=4,
+        ),
+        IterationStats(num_prompt_tokens=200, num_generation_tokens=50),
+    )
+    with caplog.at_level(logging.INFO, logger="pagedllm.metrics"):
+        line = stat_logger.log(now=start + 20)
+    assert line == (
+        "Avg prompt throughput: 20.0 tokens/s, Avg generation throughput: 5.0 tokens/s, Running: 3 reqs, "
+        "Waiting: 2 reqs, KV cache usage: 50.0%, Prefix cache hit rate: 40.0%"
+    )
+    assert line in caplog.text
+    # The engine went idle: one line with the idle state, then silence.
+    stat_logger.record(SchedulerStats(), None)
+    idle = stat_logger.log(now=start + 30)
+    assert idle is not None and "Running: 0 reqs" in idle and "Avg generation throughput: 0.0" in idle
+    assert stat_logger.log(now=start + 40) is None

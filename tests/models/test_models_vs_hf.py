@@ -1,0 +1,112 @@
+"""Our models on a paged KV cache vs HF transformers on the same weights: logits within 1e-4 (float32)
+for prefill, decode steps, chunked prefill and mixed prefill+decode batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from attention.paged_batch import PagedBatch
+from tiny_models import VARIANTS, make_tiny_model
+from transformers import PreTrainedModel
+
+from pagedllm.models import load_model
+
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[PreTrainedModel, torch.nn.Module]:
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_tiny_model(request.param, path)
+    ours = load_model(hf.config, path)
+    return hf, ours
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@torch.no_grad()
+def _reference(hf: PreTrainedModel, ids: list[int]) -> torch.Tensor:
+    return hf(torch.tensor([ids])).logits[0]
+
+
+def _check(got: torch.Tensor, ref: torch.Tensor) -> None:
+    torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+
+
+def test_prefill_batch(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    hf, ours = models
+    prompts = [_tokens(n, seed) for seed, n in enumerate((5, 17, 40))]
+    batch = PagedBatch.for_model(ours)
+    outs = batch.run(ours, [(f"r{i}", p) for i, p in enumerate(prompts)])
+    for out, prompt in zip(outs, prompts):
+        _check(out, _reference(hf, prompt))
+
+
+def test_decode_steps(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    hf, ours = models
+    seqs = {"a": _tokens(34, 1), "b": _tokens(50, 2)}
+    prompt_lens = {"a": 14, "b": 30}
+    batch = PagedBatch.for_model(ours)
+    batch.run(ours, [(r, s[: prompt_lens[r]]) for r, s in seqs.items()])
+    refs = {r: _reference(hf, s) for r, s in seqs.items()}
+    # 20 decode steps each, crossing block boundaries (16, 32, 48).
+    for step in range(20):
+        chunks = [(r, [s[prompt_lens[r] + step]]) for r, s in seqs.items()]
+        outs = batch.run(ours, chunks)
+        for (r, _), out in zip(chunks, outs):
+            pos = prompt_lens[r] + step
+            _check(out, refs[r][pos : pos + 1])
+
+
+def test_chunked_prefill(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    hf, ours = models
+    prompt = _tokens(50, 3)
+    ref = _reference(hf, prompt)
+    batch = PagedBatch.for_model(ours)
+    start = 0
+    for size in (16, 7, 27):
+        (out,) = batch.run(ours, [("p", prompt[start : start + size])])
+        _check(out, ref[start : start + size])
+        start += size
+
+
+def test_mixed_prefill_and_decode(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    hf, ours = models
+    seqs = {"dec1": _tokens(21, 4), "chunk": _tokens(37, 5), "fresh": _tokens(9, 6), "one": _tokens(1, 7), "dec2": _tokens(41, 8)}
+    refs = {r: _reference(hf, s) for r, s in seqs.items()}
+    batch = PagedBatch.for_model(ours)
+    batch.run(ours, [("dec1", seqs["dec1"][:20]), ("chunk", seqs["chunk"][:10]), ("dec2", seqs["dec2"][:40])])
+    # One step: a decode, a chunk with a cached prefix, a fresh prompt, a one-token prompt, a decode.
+    plan = [("dec1", 20, 21), ("chunk", 10, 37), ("fresh", 0, 9), ("one", 0, 1), ("dec2", 40, 41)]
+    outs = batch.run(ours, [(r, seqs[r][a:b]) for r, a, b in plan])
+    for (r, a, b), out in zip(plan, outs):
+        _check(out, refs[r][a:b])
+
+
+def test_lm_head_only_for_given_rows(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    hf, ours = models
+    hidden = torch.randn(3, hf.config.hidden_size)
+    logits = ours.compute_logits(hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (3, hf.config.vocab_size)
+    _check(logits, hf.lm_head(hidden))
+
+
+def test_weights_loaded_once_and_tied(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    hf, ours = models
+    if hf.config.tie_word_embeddings:
+        assert ours.lm_head.weight is ours.model.embed_tokens.weight
+    else:
+        assert ours.lm_head.weight.data_ptr() != ours.model.embed_tokens.weight.data_ptr()
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in ours.parameters())
+
+
+def test_saved_dir_is_memory_independent(models: tuple[PreTrainedModel, torch.nn.Module], tmp_path: Path) -> None:
+    """Our parameters own their memory: they are not views into the (closed) checkpoint mapping."""
+    _, ours = models
+    before = {n: p.clone() for n, p in ours.named_parameters()}
+    for n, p in ours.named_parameters():
+        _check(p, before[n])

@@ -1,0 +1,64 @@
+"""Tiny random HF causal LMs (float32) saved with save_pretrained, one per supported variant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+_COMMON: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+VARIANTS: dict[str, tuple[type[PreTrainedModel], Any]] = {
+    "llama-llama3rope": (LlamaForCausalLM, LlamaConfig(**_COMMON, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE)),
+    "llama-tied-linearrope": (
+        LlamaForCausalLM,
+        LlamaConfig(**_COMMON, tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    ),
+    "mistral-window20": (MistralForCausalLM, MistralConfig(**_COMMON, sliding_window=20)),
+    "qwen2-bias": (Qwen2ForCausalLM, Qwen2Config(**_COMMON, tie_word_embeddings=False)),
+    "qwen3-qknorm": (Qwen3ForCausalLM, Qwen3Config(**_COMMON, head_dim=32, tie_word_embeddings=True)),
+}
+
+
+def make_tiny_model(variant: str, path: Path, seed: int = 0) -> PreTrainedModel:
+    """Build, randomize (biases and norm weights included, so nothing is trivially zero or one) and
+    save the variant to `path`; returns the HF model in eval mode with eager attention."""
+    cls, config = VARIANTS[variant]
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(path)
+    return model
