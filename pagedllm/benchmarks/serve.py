@@ -51,9 +51,7 @@ def _flatten(req: SampleRequest) -> str:
     return "\n".join(m["content"] for m in req.messages)
 
 
-async def _send(
-    client: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]
-) -> RequestResult:
+async def _send(client: httpx.AsyncClient, url: str, body: dict, headers: dict[str, str]) -> RequestResult:
     start = time.perf_counter()
     last = start
     result = RequestResult(ok=False)

@@ -190,7 +190,7 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
         # The scheduler enforces the model's context length; keep both in step.
         if sc.max_model_len is None:
             sc.max_model_len = mc.max_model_len
-            if not sc.enable_chunked_prefill:
+            if not sc.enable_chunked_prefill and sc.max_num_batched_tokens_defaulted:
                 assert sc.max_num_batched_tokens is not None and mc.max_model_len is not None
                 sc.max_num_batched_tokens = max(sc.max_num_batched_tokens, mc.max_model_len)
         sc.verify()

@@ -56,6 +56,8 @@ class SchedulerConfig:
 
         if self.max_num_seqs is None:
             self.max_num_seqs = current_platform.default_max_num_seqs()
+        # Remember whether the budget is a default: only a default may grow to fit max_model_len later.
+        self.max_num_batched_tokens_defaulted = self.max_num_batched_tokens is None
         if self.max_num_batched_tokens is None:
             budget = current_platform.default_max_num_batched_tokens()
             if not self.enable_chunked_prefill and self.max_model_len is not None:

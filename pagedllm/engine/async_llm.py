@@ -249,4 +249,5 @@ class AsyncLLM:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.to_thread(self.client.shutdown)
+        # Synchronous on purpose: the sockets belong to this loop, and nothing else is served any more.
+        self.client.shutdown()

@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "generate": Subcommand("pagedllm.entrypoints.generate", "Generate completions of prompts offline."),
     "chat": Subcommand("pagedllm.entrypoints.chat", "Chat with the model in the terminal."),
     "serve": Subcommand("pagedllm.entrypoints.serve", "Start the OpenAI-compatible API server."),
+    "bench": Subcommand("pagedllm.benchmarks.cli", "Benchmarks: throughput, latency, serve."),
 }
 
 

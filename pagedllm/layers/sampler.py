@@ -98,7 +98,7 @@ class Sampler(nn.Module):
         logits = apply_temperature(logits, metadata.temperature)
         if metadata.min_p is not None:
             logits = apply_min_p(logits, metadata.min_p)
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, metadata.max_top_k)
         sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
         if greedy is None:
             return sampled, logits

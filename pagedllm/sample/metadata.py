@@ -28,6 +28,8 @@ class SamplingMetadata:
     top_p: torch.Tensor | None
     top_k: torch.Tensor | None
     min_p: torch.Tensor | None
+    # Largest top_k in use (a host int: the sampler needs it without a device sync); None without top-k.
+    max_top_k: int | None
     # Row index -> generator of a seeded request; the other rows use the default generator.
     generators: dict[int, torch.Generator]
     # Largest logprobs count of the batch (-1 resolved to the vocabulary size); None if no row asks.
@@ -80,14 +82,17 @@ def build_sampling_metadata(
         return torch.tensor(values, dtype=dtype, device=device)
 
     temperature = greedy_mask = top_p = top_k = min_p = None
+    max_top_k = None
     if not all_greedy:
         temperature = tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32)
         if not all_random:
             greedy_mask = tensor(greedy, torch.bool)
         if any(p.top_p < 1.0 for p in params):
             top_p = tensor([p.top_p for p in params], torch.float32)
-        if any(0 < p.top_k < vocab_size for p in params):
+        ks = [p.top_k for p in params if 0 < p.top_k < vocab_size]
+        if ks:
             top_k = tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], torch.int64)
+            max_top_k = max(ks)
         if any(p.min_p > 0.0 for p in params):
             min_p = tensor([p.min_p for p in params], torch.float32)
 
@@ -154,6 +159,7 @@ def build_sampling_metadata(
         top_p=top_p,
         top_k=top_k,
         min_p=min_p,
+        max_top_k=max_top_k,
         generators=generators,
         max_num_logprobs=max(asked) if asked else None,
         num_logprobs=num_logprobs,

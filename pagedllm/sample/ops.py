@@ -56,14 +56,20 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, max_top_k: int | None = None
 ) -> torch.Tensor:
     """Keep the top_k largest logits (ties with the k-th are kept), then the smallest set of tokens whose
     renormalized probability reaches top_p (always at least one).
 
-    ``top_k`` holds the vocabulary size for rows without top-k; ``top_p`` holds 1.0 for rows without it."""
+    ``top_k`` holds the vocabulary size for rows without top-k; ``top_p`` holds 1.0 for rows without it.
+    ``max_top_k`` (the largest top_k in use, a host int) lets top-k alone skip the full sort without
+    reading it back from the device."""
     if top_p is None:
-        return _apply_top_k_only(logits, top_k) if top_k is not None else logits
+        if top_k is None:
+            return logits
+        if max_top_k is None:
+            max_top_k = int(top_k.masked_fill(top_k >= logits.shape[1], 1).max())
+        return _apply_top_k_only(logits, top_k, max_top_k)
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
     vocab_size = logits.shape[1]
     if top_k is not None:
@@ -79,12 +85,11 @@ def apply_top_k_top_p(
     return logits.scatter_(1, sorted_idx, sorted_logits)
 
 
-def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor, max_k: int) -> torch.Tensor:
     """top-k without a full sort: one topk of the batch's largest k, then a threshold per row."""
     vocab_size = logits.shape[1]
     no_top_k = top_k >= vocab_size
     k = top_k.masked_fill(no_top_k, 1)
-    max_k = int(k.max())
     kth = logits.topk(max_k, dim=-1).values.gather(1, (k - 1).unsqueeze(1))
     kth.masked_fill_(no_top_k.unsqueeze(1), float("-inf"))
     return logits.masked_fill_(logits < kth, float("-inf"))

@@ -31,7 +31,7 @@ from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.logprobs import compute_prompt_logprobs
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
-from pagedllm.worker.input_batch import InputBatch
+from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.kv_cache import KVCacheSpec, cpu_kv_cache_budget, profile_cuda_kv_cache_budget
 
 logger = logging.getLogger("pagedllm.worker")
@@ -344,8 +344,8 @@ class ModelRunner:
         params = [batch.sampling_params[row] for row in rows]
         metadata = build_sampling_metadata(
             params,  # type: ignore[arg-type]
-            [batch.prompt_token_ids(row) for row in rows],
-            [batch.output_token_ids(row) for row in rows],
+            RowTokens(batch, rows, output=False),
+            RowTokens(batch, rows, output=True),
             generators,
             self.vocab_size,
             self.device,

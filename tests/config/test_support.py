@@ -62,10 +62,10 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
     ],
 )
 def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
-    # engram_config on a model without engram layers already fails its own check (P07).
-    with pytest.raises(ValueError, match=flag) as info:
+    # Some fail an earlier consistency check of their own (engram without engram layers, HiSparse
+    # off CUDA); either way the message names the feature.
+    with pytest.raises(ValueError, match=f"(?i){flag}"):
         EngineConfig(model_config=ModelConfig(), **fields)
-    assert "does not support" in str(info.value) or "no engram layers" in str(info.value)
 
 
 def test_unsupported_model_features() -> None:
@@ -80,11 +80,11 @@ def test_every_unsupported_flag_listed_once() -> None:
         cfg = EngineConfig(
             model_config=ModelConfig(),
             lora_config=LoRAConfig(),
-            reasoning_config=ReasoningConfig(think_start_str="<|im_start|>", think_end_str="<|im_end|>"),
+            watermark_config=WatermarkConfig(),
         )
     found = unsupported_features(cfg)
-    assert any("lora_config" in f for f in found) and any("reasoning_config" in f for f in found)
-    with pytest.raises(ValueError, match="lora_config.*reasoning_config"):
+    assert any("lora_config" in f for f in found) and any("watermark_config" in f for f in found)
+    with pytest.raises(ValueError, match="lora_config.*watermark_config"):
         check_supported(cfg)
 
 

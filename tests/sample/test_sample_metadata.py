@@ -36,7 +36,7 @@ def test_mixed_batch_tensors() -> None:
     assert md.temperature is not None and md.temperature.tolist() == [1.0, 0.699999988079071, 1.0]
     assert md.greedy_mask is not None and md.greedy_mask.tolist() == [True, False, False]
     # top_k beyond the vocabulary is off (stored as the vocabulary size).
-    assert md.top_k is not None and md.top_k.tolist() == [V, 3, V]
+    assert md.top_k is not None and md.top_k.tolist() == [V, 3, V] and md.max_top_k == 3
     assert md.top_p is not None and md.top_p.tolist()[0] == 1.0
     assert md.min_p is not None and md.generators is gens
     assert md.max_num_logprobs == 4 and md.num_logprobs == [None, None, 4]

@@ -13,6 +13,7 @@ def test_top_k_only_path_equals_sorted_path() -> None:
     logits[2, :5] = 3.0  # ties at the k-th value are kept by both paths
     top_k = torch.tensor([1, 5, 3, 50, 17, 49])
     fast = apply_top_k_top_p(logits.clone(), top_k, None)
+    assert torch.equal(fast, apply_top_k_top_p(logits.clone(), top_k, None, max_top_k=49))
     sorted_path = apply_top_k_top_p(logits.clone(), top_k, torch.ones(6))
     assert torch.equal(torch.isinf(fast), torch.isinf(sorted_path))
     kept = (~torch.isinf(fast)).sum(-1).tolist()

@@ -188,3 +188,17 @@ def test_default_cpu_budget_is_capped_by_full_occupancy(model_dir: Path) -> None
 def test_unsupported_cache_dtype(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="cache_dtype='fp8'"):
         ModelRunner(make_config(model_dir, cache_dtype="fp8"))
+
+
+def test_repetition_penalty_reads_prompt_and_output(model_dir: Path, hf_tokens: dict[str, list[int]]) -> None:
+    # The sampler's penalties see the runner's prompt and generated tokens (HF applies the same rule).
+    from transformers import AutoModelForCausalLM
+
+    prompt = PROMPTS["b"]
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    want = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, repetition_penalty=1.5)
+    driver = RunnerDriver(make_runner(model_dir), num_blocks=64)
+    driver.add("p", prompt, 10, SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=1.5))
+    driver.add("g", PROMPTS["a"], 10)
+    assert driver.run()["p"] == want[0, len(prompt) :].tolist()
+    assert want[0, len(prompt) :].tolist() != hf_tokens["b"][:10]  # the penalty changed something

@@ -13,7 +13,7 @@ import logging
 import os
 import secrets
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagedllm
 from pagedllm.engine.async_llm import AsyncLLM
@@ -67,6 +68,27 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         task.cancel()
 
 
+class ApiKeyMiddleware:
+    """Every /v1 route needs ``Authorization: Bearer <key>``.
+
+    Plain ASGI rather than FastAPI's ``@app.middleware``: that one wraps responses and would get in the
+    way of streaming and of detecting client disconnects."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            # Constant-time comparison: the key must not leak through response timing.
+            if not secrets.compare_digest(given, self.expected):
+                error = OpenAIError("Invalid or missing API key", HTTPStatus.UNAUTHORIZED)
+                await error_response(error)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -99,24 +121,7 @@ def build_app(
         )
 
     if api_key is not None:
-        expected = f"Bearer {api_key}"
-
-        @app.middleware("http")
-        async def _authenticate(
-            request: Request, call_next: Callable[[Request], Awaitable[Response]]
-        ) -> Response:
-            if request.url.path.startswith("/v1") and request.method != "OPTIONS":
-                given = request.headers.get("Authorization", "")
-                # Constant-time comparison: the key must not leak through response timing.
-                if not secrets.compare_digest(given.encode(), expected.encode()):
-                    return error_response(
-                        OpenAIError(
-                            "Invalid or missing API key",
-                            HTTPStatus.UNAUTHORIZED,
-                            err_type="AuthenticationError",
-                        )
-                    )
-            return await call_next(request)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.get("/health")
     async def health() -> Response:

@@ -40,7 +40,7 @@ async def start_requests(
             streams.append(await engine.add_request(sub_id, prompt, params, priority=priority))
     except (ValueError, TypeError) as e:
         for stream in streams:
-            await stream.abort()
+            stream.abort()
         message = str(e)
         param = guess_param(message, param_names)
         if param is None and "prompt" in message.lower():
@@ -48,7 +48,7 @@ async def start_requests(
         raise OpenAIError(message, param=param) from e
     except EngineDeadError as e:
         for stream in streams:
-            await stream.abort()
+            stream.abort()
         raise engine_dead_error(e) from e
     return streams
 
@@ -84,7 +84,7 @@ async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int
         for task in tasks:
             task.cancel()
         for stream in streams:
-            await stream.abort()
+            stream.abort()
 
 
 def sse(payload: BaseModel | dict[str, Any]) -> str:

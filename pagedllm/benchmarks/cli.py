@@ -1,0 +1,24 @@
+"""`pagedllm bench throughput|latency|serve`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+_BENCHMARKS = {
+    "throughput": "pagedllm.benchmarks.throughput",
+    "latency": "pagedllm.benchmarks.latency",
+    "serve": "pagedllm.benchmarks.serve_cmd",
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve.")
+    bench = parser.add_subparsers(dest="benchmark", metavar="<benchmark>", required=True)
+    for module in _BENCHMARKS.values():
+        importlib.import_module(module).add_parser(bench)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(_BENCHMARKS[args.benchmark]).run(args))

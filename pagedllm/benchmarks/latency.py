@@ -1,0 +1,111 @@
+"""`pagedllm bench latency`: one batch, repeated; prefill time and per-token decode latency percentiles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from pagedllm.benchmarks.datasets import random_requests
+from pagedllm.benchmarks.model_stats import ModelStats
+from pagedllm.benchmarks.roofline import copy_bandwidth
+from pagedllm.config.args import EngineArgs
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("latency", help="Prefill time and decode latency of one batch.")
+    group = parser.add_argument_group("Workload")
+    group.add_argument("--batch-size", type=int, default=1)
+    group.add_argument("--input-len", type=int, default=512)
+    group.add_argument("--output-len", type=int, default=128)
+    group.add_argument("--num-iters-warmup", type=int, default=1)
+    group.add_argument("--num-iters", type=int, default=3)
+    group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
+    EngineArgs.add_cli_args(parser)
+    return parser
+
+
+def run_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float]]:
+    """Runs one batch to completion; returns (prefill seconds, per-decode-step seconds)."""
+    params = SamplingParams(
+        temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+    )
+    start = time.perf_counter()
+    for i, ids in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", {"prompt_token_ids": ids}, params)
+    started: set[str] = set()
+    prefill = 0.0
+    decode_steps: list[float] = []
+    last = start
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        if len(started) < len(prompts):
+            started.update(o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids)
+            if len(started) == len(prompts):
+                prefill = now - start
+        elif outputs:
+            decode_steps.append(now - last)
+        last = now
+    return prefill, decode_steps
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    model_config = engine.model_config
+    reqs = random_requests(
+        args.batch_size,
+        (args.input_len, args.input_len),
+        args.output_len,
+        model_config.get_vocab_size(),
+        seed=0,
+    )
+    prompts = [r.prompt_token_ids for r in reqs]
+    for i in range(args.num_iters_warmup):
+        run_batch(engine, prompts, args.output_len, f"warmup{i}")
+    prefills, steps = [], []
+    for i in range(args.num_iters):
+        # Each iteration must recompute its prompts, not hit the previous iteration's cached blocks.
+        engine.reset_prefix_cache()
+        prefill, decode = run_batch(engine, prompts, args.output_len, f"iter{i}")
+        prefills.append(prefill)
+        steps.extend(decode)
+    step_ms = np.asarray(steps) * 1000.0
+    stats = ModelStats.from_model_config(model_config)
+    bandwidth = copy_bandwidth()
+    decode_tok_s = args.batch_size * 1000.0 / float(np.median(step_ms))
+    limit = bandwidth / stats.weight_bytes_per_step
+    report = {
+        "batch_size": args.batch_size,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "dtype": str(model_config.dtype).removeprefix("torch."),
+        "prefill_s_median": float(np.median(prefills)),
+        "prefill_tokens_per_s": args.batch_size * args.input_len / float(np.median(prefills)),
+        "decode_step_ms": {f"p{p}": float(np.percentile(step_ms, p)) for p in (50, 90, 99)},
+        "decode_tokens_per_s": decode_tok_s,
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "weight_bytes_per_step": stats.weight_bytes_per_step,
+        "bandwidth_roofline_steps_per_s": limit,
+        "fraction_of_bandwidth_roofline": (1000.0 / float(np.median(step_ms))) / limit,
+    }
+    print(
+        f"prefill: {report['prefill_s_median'] * 1000:.1f} ms for {args.batch_size}x{args.input_len} tokens "
+        f"({report['prefill_tokens_per_s']:.0f} tok/s)"
+    )
+    pct = report["decode_step_ms"]
+    print(
+        f"decode step: p50 {pct['p50']:.2f} ms, p90 {pct['p90']:.2f} ms, p99 {pct['p99']:.2f} ms "
+        f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s "
+        f"({report['fraction_of_bandwidth_roofline']:.1%})"
+    )
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(report, f, indent=2)
+    engine.shutdown()
+    return 0

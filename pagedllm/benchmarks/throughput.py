@@ -1,0 +1,175 @@
+"""`pagedllm bench throughput`: offline requests/s and tokens/s, with the HF baseline beside it."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from pagedllm.benchmarks.datasets import SampleRequest, chat_requests, parse_range, random_requests
+from pagedllm.benchmarks.hf_baseline import BaselineResult, load_hf_model, run_hf_generate
+from pagedllm.benchmarks.model_stats import ModelStats
+from pagedllm.benchmarks.roofline import Roofline
+from pagedllm.config.args import EngineArgs
+from pagedllm.sampling_params import SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ThroughputResult:
+    elapsed: float
+    num_requests: int
+    num_input_tokens: int
+    num_output_tokens: int
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.elapsed
+
+    @property
+    def input_tokens_per_s(self) -> float:
+        return self.num_input_tokens / self.elapsed
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.elapsed
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.num_input_tokens + self.num_output_tokens) / self.elapsed
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("throughput", help="Offline throughput (requests/s, tokens/s).")
+    group = parser.add_argument_group("Workload")
+    group.add_argument(
+        "--dataset",
+        default="random",
+        help="'random' (random token ids) or a JSONL file of chat prompts (rows with 'messages').",
+    )
+    group.add_argument("--num-prompts", type=int, default=256)
+    group.add_argument("--input-len", default="128..512", help="Random prompt length: N or LOW..HIGH.")
+    group.add_argument("--output-len", type=int, default=128)
+    group.add_argument("--seed-workload", type=int, default=0, help="Seed of the random workload.")
+    group.add_argument(
+        "--baseline",
+        choices=["none", "hf"],
+        default="none",
+        help="Also run HF transformers' batched generate on the same prompts and print the ratio.",
+    )
+    group.add_argument("--hf-dtypes", default="float32,bfloat16", help="Baseline dtypes (comma separated).")
+    group.add_argument("--hf-batch-size", type=int, default=32)
+    group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
+    EngineArgs.add_cli_args(parser)
+    return parser
+
+
+def build_workload(args: argparse.Namespace, llm) -> list[SampleRequest]:
+    tokenizer = llm.get_tokenizer()
+    if args.dataset == "random":
+        special = tuple(getattr(tokenizer, "all_special_ids", ()))
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        return random_requests(
+            args.num_prompts, parse_range(args.input_len), args.output_len, vocab, args.seed_workload, special
+        )
+    requests = chat_requests(args.dataset, args.num_prompts, args.output_len)
+    # Render the chat template once here so both engines see the same token ids.
+    from pagedllm.entrypoints.chat_utils import apply_chat_template
+
+    for req in requests:
+        text = apply_chat_template(tokenizer, req.messages, add_generation_prompt=True)
+        req.prompt_token_ids = list(tokenizer.encode(text, add_special_tokens=False))
+    return requests
+
+
+def run_pagedllm(llm, requests: list[SampleRequest]) -> ThroughputResult:
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
+    params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=True)
+    elapsed = time.perf_counter() - start
+    num_out = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    num_in = sum(len(r.prompt_token_ids) for r in requests)
+    return ThroughputResult(elapsed, len(requests), num_in, num_out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagedllm.llm import LLM
+
+    engine_args = EngineArgs.from_cli_args(args)
+    llm = LLM.from_engine_args(engine_args)
+    model_config = llm.llm_engine.model_config
+    stats = ModelStats.from_model_config(model_config)
+    requests = build_workload(args, llm)
+    result = run_pagedllm(llm, requests)
+    roofline = Roofline.measure(model_config.dtype, stats.hidden_size, stats.intermediate_size)
+    compute_limit = roofline.compute_tokens_per_s(stats.num_params)
+    report = {
+        "model": model_config.model,
+        "dtype": str(model_config.dtype).removeprefix("torch."),
+        "num_requests": result.num_requests,
+        "elapsed_s": result.elapsed,
+        "requests_per_s": result.requests_per_s,
+        "input_tokens_per_s": result.input_tokens_per_s,
+        "output_tokens_per_s": result.output_tokens_per_s,
+        "total_tokens_per_s": result.total_tokens_per_s,
+        "roofline": roofline.describe(),
+        "compute_roofline_tokens_per_s": compute_limit,
+        "fraction_of_compute_roofline": result.total_tokens_per_s / compute_limit,
+    }
+    print(
+        f"pagedllm: {result.requests_per_s:.2f} requests/s, {result.input_tokens_per_s:.1f} input tok/s, "
+        f"{result.output_tokens_per_s:.1f} output tok/s, {result.total_tokens_per_s:.1f} total tok/s "
+        f"({result.elapsed:.1f} s)"
+    )
+    print(
+        f"roofline: {roofline.describe()}; compute limit {compute_limit:.0f} tok/s "
+        f"-> {report['fraction_of_compute_roofline']:.1%} of it"
+    )
+    if args.baseline == "hf":
+        llm.llm_engine.shutdown()
+        del llm
+        gc.collect()
+        baselines = _run_baselines(args, model_config, requests)
+        best = max(baselines, key=lambda b: b.total_tokens_per_s)
+        report["baselines"] = [
+            {
+                "dtype": str(b.dtype).removeprefix("torch."),
+                **{k: v for k, v in asdict(b).items() if k != "dtype"},
+                "output_tokens_per_s": b.output_tokens_per_s,
+                "total_tokens_per_s": b.total_tokens_per_s,
+            }
+            for b in baselines
+        ]
+        report["ratio_vs_best_hf"] = result.total_tokens_per_s / best.total_tokens_per_s
+        print(f"ratio vs best HF ({best.dtype}): {report['ratio_vs_best_hf']:.2f}x total tok/s")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def _run_baselines(
+    args: argparse.Namespace, model_config, requests: list[SampleRequest]
+) -> list[BaselineResult]:
+    results = []
+    pad = model_config.hf_config.pad_token_id
+    pad = pad if pad is not None else (model_config.hf_config.eos_token_id or 0)
+    for name in args.hf_dtypes.split(","):
+        if name not in DTYPES:
+            raise ValueError(f"--hf-dtypes: unknown dtype {name!r}; choose from {sorted(DTYPES)}")
+        model = load_hf_model(model_config.model_path, model_config.gguf_file, DTYPES[name])
+        res = run_hf_generate(model, requests, args.hf_batch_size, int(pad))
+        print(
+            f"HF transformers {name}: {res.output_tokens_per_s:.1f} output tok/s, "
+            f"{res.total_tokens_per_s:.1f} total tok/s ({res.elapsed:.1f} s)"
+        )
+        results.append(res)
+        del model
+        gc.collect()
+    return results

@@ -1,0 +1,199 @@
+"""The current-config context, layer lookup, level defaults and fusion predicates, small methods."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from config_testing import build_cuda
+
+from pagedllm.config import (
+    OPTIMIZATION_LEVEL_TO_CONFIG,
+    CompilationConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    enable_act_fusion,
+    enable_allreduce_rms_fusion,
+    enable_norm_fusion,
+    enable_rope_kvcache_mla_fusion,
+    get_cached_compilation_config,
+    get_current_config,
+    get_layers_from_config,
+    set_current_config,
+)
+from pagedllm.config.current import compilation_counter, get_current_prefix
+from pagedllm.config.optimization import apply_optimization_level_defaults
+from pagedllm.platforms import override_platform
+
+
+def test_set_current_config_nests_and_restores() -> None:
+    outer, inner = EngineConfig(), EngineConfig()
+    with set_current_config(outer, prefix="model"):
+        assert get_current_config() is outer and get_current_prefix() == "model"
+        assert get_cached_compilation_config() is outer.compilation_config
+        with set_current_config(inner):
+            assert get_current_config() is inner
+            assert get_cached_compilation_config() is inner.compilation_config
+        assert get_current_config() is outer and get_cached_compilation_config() is outer.compilation_config
+    assert get_current_prefix() is None
+    assert get_current_config() is not outer
+
+
+def test_set_current_config_restores_on_error() -> None:
+    cfg = EngineConfig()
+    with pytest.raises(RuntimeError), set_current_config(cfg):
+        raise RuntimeError("boom")
+    assert get_current_config() is not cfg
+
+
+def test_check_compile_warns_when_model_not_compiled(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = EngineConfig(model_config=ModelConfig())
+    with caplog.at_level(logging.WARNING, logger="pagedllm.config"):
+        with set_current_config(cfg, check_compile=True):
+            pass
+    assert "does not support it" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pagedllm.config"):
+        with set_current_config(cfg, check_compile=True):
+            compilation_counter.num_models_seen += 1
+    assert "does not support it" not in caplog.text
+
+
+def test_get_layers_from_config() -> None:
+    class Attn:
+        pass
+
+    cfg = EngineConfig()
+    a, b = Attn(), Attn()
+    cfg.compilation_config.static_forward_context.update({"l0.attn": a, "l0.mlp": object(), "l1.attn": b})
+    assert get_layers_from_config(cfg, Attn) == {"l0.attn": a, "l1.attn": b}
+    assert get_layers_from_config(cfg, Attn, ["l1.attn", "missing", "l0.mlp"]) == {"l1.attn": b}
+
+
+def test_level_table_defines_autotune_everywhere() -> None:
+    for level in range(4):
+        assert OPTIMIZATION_LEVEL_TO_CONFIG[level]["kernel_config"]["enable_flashinfer_autotune"] is (
+            level > 0
+        )
+    assert OPTIMIZATION_LEVEL_TO_CONFIG[2] == OPTIMIZATION_LEVEL_TO_CONFIG[3]
+
+
+def test_apply_defaults_fills_only_none() -> None:
+    cfg = EngineConfig()
+    cc = CompilationConfig(cudagraph_mode="NONE", pass_config={"fuse_norm_quant": False})
+    cfg.compilation_config = cc
+    cc.pass_config.fuse_act_quant = None
+    seen = []
+
+    def probe(root: EngineConfig) -> bool:
+        seen.append(root)
+        return True
+
+    apply_optimization_level_defaults(
+        cfg,
+        {
+            "compilation_config": {
+                "cudagraph_mode": "FULL",
+                "pass_config": {"fuse_norm_quant": True, "fuse_act_quant": probe},
+                "no_such_key": 1,
+            }
+        },
+    )
+    assert cc.cudagraph_mode.name == "NONE" and cc.pass_config.fuse_norm_quant is False
+    assert cc.pass_config.fuse_act_quant is True and seen == [cfg]
+
+
+def test_fusion_predicates() -> None:
+    cfg = build_cuda()
+    assert not enable_norm_fusion(cfg) and not enable_act_fusion(cfg)
+    cfg.compilation_config.custom_ops = ["none", "+rms_norm", "+silu_and_mul"]
+    assert enable_norm_fusion(cfg) and enable_act_fusion(cfg)
+    cfg.compilation_config.custom_ops = ["none"]
+    cfg.kernel_config.ir_op_priority.rms_norm = ["other", "native"]
+    assert enable_norm_fusion(cfg)
+    # All-reduce fusion needs TP > 1, CUDA Hopper/Blackwell and FlashInfer (not installed here).
+    with override_platform("cuda", capability=(9, 0)):
+        cfg.parallel_config = ParallelConfig(tensor_parallel_size=2)
+        assert enable_allreduce_rms_fusion(cfg) is False
+    cfg.compilation_config.splitting_ops = ["pagedllm.kv_cache_update"]
+    assert not enable_rope_kvcache_mla_fusion(cfg)
+    cfg.compilation_config.use_inductor_graph_partition = True
+    assert enable_rope_kvcache_mla_fusion(cfg)
+
+
+def test_compile_debug_dump_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert EngineConfig().compile_debug_dump_path() is None
+    cfg = EngineConfig(compilation_config=CompilationConfig(debug_dump_path=Path("dumps")))
+    assert cfg.compile_debug_dump_path() == Path.cwd() / "dumps" / "rank_0_dp_0"
+    monkeypatch.setenv("PAGEDLLM_DEBUG_DUMP_PATH", str(tmp_path))
+    assert EngineConfig().compile_debug_dump_path() == tmp_path / "rank_0_dp_0"
+
+
+def test_trace_function_call(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+    import tempfile
+    import threading
+
+    cfg = EngineConfig()
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delenv("PAGEDLLM_TRACE_FUNCTION", raising=False)
+    cfg.enable_trace_function_call_for_thread()
+    assert not any(tmp_path.rglob("*.log"))
+    monkeypatch.setenv("PAGEDLLM_TRACE_FUNCTION", "1")
+
+    def traced() -> None:
+        cfg.enable_trace_function_call_for_thread()
+        os.getcwd()
+        sys.settrace(None)
+
+    thread = threading.Thread(target=traced)
+    thread.start()
+    thread.join()
+    logs = list(tmp_path.rglob("PAGEDLLM_TRACE_FUNCTION_for_process_*.log"))
+    assert (
+        len(logs) == 1 and f"pagedllm-instance-{cfg.instance_id}" in str(logs[0]) and " " not in logs[0].name
+    )
+
+
+def test_with_hf_config_makes_submodel_view() -> None:
+    from transformers import Qwen2Config
+
+    cfg = EngineConfig(model_config=ModelConfig())
+    draft_hf = Qwen2Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1)
+    draft_hf.architectures = None
+    view = cfg.with_hf_config(draft_hf)
+    assert view.model_config.is_submodel_config and view.model_config.architecture == "Qwen2ForCausalLM"
+    assert view.model_config.model_arch_config.hidden_size == 64
+    assert cfg.model_config.architecture == "LlamaForCausalLM" and not cfg.model_config.is_submodel_config
+    named = cfg.with_hf_config(draft_hf, architectures=["MyDraft"])
+    assert named.model_config.architectures == ["MyDraft"] and draft_hf.architectures is None
+
+
+def test_validate_block_size() -> None:
+    from pagedllm.config.support import allow_unsupported
+
+    with allow_unsupported():
+        cfg = EngineConfig(
+            parallel_config=ParallelConfig(decode_context_parallel_size=2, cp_kv_cache_interleave_size=3)
+        )
+    with pytest.raises(AssertionError, match="multiple of cp_kv_cache_interleave_size"):
+        cfg.validate_block_size()
+    EngineConfig().validate_block_size()
+
+
+def test_str_lists_fields_in_order() -> None:
+    text = str(EngineConfig(model_config=ModelConfig()))
+    keys = [part.split("=", 1)[0] for part in text.split(", ") if "=" in part]
+    assert keys[:3] == ["model", "speculative_config", "tokenizer"]
+    assert "max_seq_len=8192" in text and "kv_cache_dtype=auto" in text and "device_config=cpu" in text
+    with pytest.raises(ValueError, match="model_config"):
+        str(EngineConfig())
+
+
+def test_get_quantization_config_copies() -> None:
+    mc = ModelConfig()
+    quant = EngineConfig.get_quantization_config(mc, EngineConfig().load_config)
+    assert quant is not None and quant.name == "gguf"
