@@ -29,7 +29,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(model_dir: Path) -> LLM:
-    return LLM(model=str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, optimization_level=0)
+    return LLM(
+        model=str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, optimization_level=0
+    )
 
 
 def test_greedy_matches_transformers(llm: LLM, model_dir: Path) -> None:
@@ -127,7 +129,9 @@ def test_logprobs_match_transformers(llm: LLM, model_dir: Path) -> None:
     for position in range(1, n):
         row = prompt_logprobs[position]
         assert row is not None
-        assert math.isclose(row[prompt[position]].logprob, reference[position - 1, prompt[position]].item(), abs_tol=1e-4)
+        assert math.isclose(
+            row[prompt[position]].logprob, reference[position - 1, prompt[position]].item(), abs_tol=1e-4
+        )
 
 
 def test_reset_prefix_cache(llm: LLM) -> None:

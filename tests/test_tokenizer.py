@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import gguf
+import numpy as np
 import pytest
+from tokenizers import Tokenizer, models, normalizers, trainers
 from transformers import AutoTokenizer
 
 from pagedllm.tokenizer import get_tokenizer, resolve_chat_template
@@ -110,3 +114,57 @@ def test_resolve_chat_template(smollm2_gguf: Path, cache_dir: Path, tmp_path: Pa
     assert resolve_chat_template(tok, path) == inline and resolve_chat_template(tok, str(path)) == inline
     with pytest.raises(ValueError, match="is neither a template nor a file"):
         resolve_chat_template(tok, str(tmp_path / "missing.jinja"))
+
+
+def _write_llama_gguf(path: Path) -> None:
+    """A tiny GGUF with a SentencePiece ("llama") byte-fallback vocabulary that asks for BOS."""
+    trained = Tokenizer(models.BPE(unk_token="<unk>"))
+    trained.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    corpus = ["The quick brown fox jumps over the lazy dog.", "Hello world! How are you?", "你好，世界。"] * 5
+    trained.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>"]))
+    learned = trained.get_vocab()
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokens += [t for t in sorted(learned, key=learned.__getitem__) if t not in tokens]
+    merges = [
+        m if isinstance(m, str) else " ".join(m) for m in json.loads(trained.to_str())["model"]["merges"]
+    ]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(128)
+    writer.add_embedding_length(64)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(tokens) - 259)])
+    # llama.cpp token types: 1 normal, 2 unknown, 3 control, 6 byte.
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * (len(tokens) - 259))
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_sentencepiece_gguf_with_bos_matches_transformers(tmp_path: Path) -> None:
+    path = tmp_path / "tiny-llama.gguf"
+    _write_llama_gguf(path)
+    ref = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    fresh = get_tokenizer(path, cache_dir=tmp_path / "cache")
+    cached = get_tokenizer(path, cache_dir=tmp_path / "cache")
+    for text in ["Hello world!", "你好 🚀 fox", "  two  spaces", "</s> and <s> inside"]:
+        ids = ref.encode(text)
+        assert ids[0] == 1  # BOS, as the file asks
+        assert fresh.encode(text) == cached.encode(text) == ids
+        for skip in (True, False):
+            assert cached.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+    assert cached.chat_template == ref.chat_template

@@ -179,12 +179,16 @@ class ArgSpec:
     """flat: a field of flat sub-configs; json: a whole sub-config; top: an EngineConfig field."""
     targets: tuple[tuple[str, str], ...]
     """(EngineConfig field, sub-config field) pairs fed by this option; for json/top the field is ""."""
-    group: str
-    """--help group: the config class the option belongs to."""
+    group_cls: type
+    """The config class the option belongs to; its --help group is named after it."""
     annotation: Any
     info: FieldInfo
     config_cls: type | None = None
     """The sub-config class of a json option."""
+
+    @property
+    def group(self) -> str:
+        return self.group_cls.__name__
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -216,7 +220,11 @@ def _one_line(text: str | None) -> str:
 
 
 def _show_default(value: Any) -> str:
-    return value.name if isinstance(value, enum.Enum) else repr(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if _is_config_class(type(value)):
+        return f"{type(value).__name__}()"
+    return repr(value)
 
 
 def _choices_text(annotation: Any) -> str:
@@ -235,7 +243,9 @@ def _group_description(cls: type, spec: ArgSpec | None) -> str:
         for key, info in cls.__pydantic_fields__.items():  # type: ignore[attr-defined]
             if info.init is False:
                 continue
-            default = "(factory)" if info.default_factory is not None else _show_default(info.default)
+            default = _show_default(
+                info.default_factory() if info.default_factory is not None else info.default
+            )
             text = (
                 f"{key} {_choices_text(info.annotation)}- {_one_line(info.description)} Default: {default}."
             )
@@ -260,12 +270,10 @@ def _build_specs() -> dict[str, ArgSpec]:
             name = RENAMES.get((config_field, field), field)
             previous = specs.get(name)
             if previous is None:
-                specs[name] = ArgSpec(
-                    name, "flat", ((config_field, field),), cls.__name__, info.annotation, info
-                )
+                specs[name] = ArgSpec(name, "flat", ((config_field, field),), cls, info.annotation, info)
                 continue
             # One option feeds every flat sub-config that has the field; that only works when they agree.
-            if previous.default() != ArgSpec(name, "flat", (), "", info.annotation, info).default():
+            if previous.default() != ArgSpec(name, "flat", (), cls, info.annotation, info).default():
                 raise TypeError(
                     f"option {name!r} is in {previous.group} and {cls.__name__} with different defaults; "
                     "rename one in pagedllm.config.args.RENAMES or mark it internal"
@@ -279,11 +287,11 @@ def _build_specs() -> dict[str, ArgSpec]:
             raise TypeError(f"EngineConfig.{config_field} collides with a flattened sub-config field")
         if cls is not None:
             specs[config_field] = ArgSpec(
-                config_field, "json", ((config_field, ""),), cls.__name__, info.annotation, info, cls
+                config_field, "json", ((config_field, ""),), cls, info.annotation, info, cls
             )
         else:
             specs[config_field] = ArgSpec(
-                config_field, "top", ((config_field, ""),), "EngineConfig", info.annotation, info
+                config_field, "top", ((config_field, ""),), EngineConfig, info.annotation, info
             )
     return specs
 
@@ -294,7 +302,7 @@ ARG_SPECS: dict[str, ArgSpec] = _build_specs()
 def unknown_option_message(unknown: list[str], owner: str = "EngineArgs") -> str:
     parts = []
     for name in unknown:
-        matches = difflib.get_close_matches(name, list(ARG_SPECS), n=3, cutoff=0.6)
+        matches = difflib.get_close_matches(name, list(ARG_SPECS), n=3, cutoff=0.75)
         hint = f" (did you mean {', '.join(repr(m) for m in matches)}?)" if matches else ""
         parts.append(f"{name!r}{hint}")
     return f"{owner} got unknown option(s): {', '.join(parts)}"
@@ -387,8 +395,7 @@ class EngineArgs:
         for spec in ARG_SPECS.values():
             group = groups.get(spec.group)
             if group is None:
-                cls = spec.config_cls or _group_class(spec.group)
-                description = _group_description(cls, spec if spec.kind == "json" else None) if cls else None
+                description = _group_description(spec.group_cls, spec if spec.kind == "json" else None)
                 group = groups[spec.group] = parser.add_argument_group(spec.group, description)
             if spec.kind == "json":
                 kwargs: dict[str, Any] = {
@@ -414,14 +421,3 @@ class EngineArgs:
                 raise ValueError(f"the model is given twice: positional {model_tag!r} and --model {given!r}")
             kwargs["model"] = model_tag
         return cls(**kwargs)
-
-
-def _group_class(name: str) -> type | None:
-    """The config class a --help group is named after (for its description)."""
-    if name == "EngineConfig":
-        return EngineConfig
-    for config_field in FLAT_CONFIGS:
-        cls = _sub_config_class(_top_level_fields()[config_field].annotation)
-        if cls is not None and cls.__name__ == name:
-            return cls
-    return None

@@ -217,7 +217,10 @@ class CompilationConfig:
         return self.splitting_ops is not None and KV_CACHE_UPDATE_OP in self.splitting_ops
 
     def set_splitting_ops_for_v1(self, all2all_backend: str, data_parallel_size: int = 1) -> None:
-        """Default splitting ops: attention when piecewise graphs need a split graph, else none."""
+        """Default splitting ops: attention when piecewise graphs need a split graph, else none.
+
+        `all2all_backend` and `data_parallel_size` matter upstream for MoE expert-parallel splitting;
+        pagedllm runs dense models only, so they do not change the result."""
         if self.splitting_ops is not None:
             return
         graph_mode = self.cudagraph_mode or CUDAGraphMode.NONE

@@ -12,6 +12,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from pagedllm.config import construction_checks as checks
 from pagedllm.config import graph_sizes
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
@@ -165,6 +167,8 @@ def _maybe_enable_breakable_cudagraph(cfg: EngineConfig) -> bool:
         if set(mc.architectures) & breakable_archs:
             info_once(f"using breakable CUDA graphs for {mc.architecture}")
             os.environ["PAGEDLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
+    # The upstream batch-invariance trigger needs tuned matmul tables per GPU family; pagedllm ships
+    # none, so that heuristic never holds and only the architecture set and the variable decide.
     enabled = bool(env_flag("PAGEDLLM_USE_BREAKABLE_CUDAGRAPH"))
     if enabled:
         cfg.compilation_config.mode = CompilationMode.NONE
@@ -211,10 +215,18 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
         "runai_streamer_sharded",
     ):
         mc.maybe_untie_word_embeddings()  # P18
+    quant = cfg.quant_config
+    if quant is not None and getattr(quant, "use_deep_gemm", False) is None:  # P19
+        # pagedllm has no DeepGEMM kernels, so the auto-disable list covers every model type.
+        warning_once(f"DeepGEMM is disabled for model_type={mc.model_type if mc else None}")
+        quant.use_deep_gemm = False
     executor_async = (
         pc.executor_supports_async_scheduling() and _platform().supports_async_scheduling()
     )  # P20
-    checks.resolve_async_scheduling(cfg, executor_async)  # P21
+    rocm_deepep_ht_dbo = (
+        _platform().is_rocm() and pc.enable_dbo and pc.all2all_backend == "deepep_high_throughput"
+    )
+    checks.resolve_async_scheduling(cfg, executor_async, rocm_deepep_ht_dbo)  # P21
     if pc.disable_nccl_for_dp_synchronization is None:  # P22
         if sc.async_scheduling:
             if pc.data_parallel_size > 1 and (mc is None or mc.is_moe):
@@ -228,10 +240,14 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
         mc.disable_cascade_attn = True
     if cfg.observability_config.per_request_spec_decode_metrics != "none" and spec is None:  # P24
         raise ValueError("per_request_spec_decode_metrics needs speculative decoding (speculative_config)")
+    mm = mc.multimodal_config if mc is not None else None
+    if mm and mm.get("mm_tensor_ipc") == "torch_shm":  # P25
+        if os.environ.get("PAGEDLLM_WORKER_MULTIPROC_METHOD") != "spawn":
+            raise ValueError("mm_tensor_ipc='torch_shm' needs PAGEDLLM_WORKER_MULTIPROC_METHOD=spawn")
     if (  # P26
         mc is not None
         and sc.enable_chunked_prefill
-        and str(mc.dtype) == "torch.float32"
+        and mc.dtype == torch.float32
         and _platform().is_device_capability((7, 5))
     ):
         warning_once("Turing GPU with float32 and chunked prefill: kernels use IEEE precision")

@@ -27,11 +27,17 @@ def _platform() -> Any:
     return current_platform
 
 
-def resolve_async_scheduling(cfg: EngineConfig, executor_async: bool) -> None:
+def resolve_async_scheduling(
+    cfg: EngineConfig, executor_async: bool, rocm_deepep_ht_dbo: bool = False
+) -> None:
     """P21 / spec 5.4."""
     sc, spec, pc, mc = cfg.scheduler_config, cfg.speculative_config, cfg.parallel_config, cfg.model_config
     backend = pc.distributed_executor_backend
     if sc.async_scheduling is True:
+        if rocm_deepep_ht_dbo:
+            raise ValueError(
+                "async_scheduling is not supported with DBO and the DeepEP high-throughput backend on ROCm"
+            )
         if spec is not None:
             if spec.method not in ASYNC_OK_METHODS:
                 raise ValueError(
@@ -57,7 +63,14 @@ def resolve_async_scheduling(cfg: EngineConfig, executor_async: bool) -> None:
         warning_once("async scheduling is off: disable_padded_drafter_batch=True")
         sc.async_scheduling = False
     elif not executor_async:
-        warning_once(f"async scheduling is off: executor {backend!r} does not support it here")
+        # On a platform without async support (CPU) this is the normal case, not worth a warning.
+        if _platform().supports_async_scheduling():
+            warning_once(f"async scheduling is off: executor {backend!r} does not support it")
+        else:
+            logger.debug("async scheduling is not available on %s", _platform().device_type)
+        sc.async_scheduling = False
+    elif rocm_deepep_ht_dbo:
+        warning_once("async scheduling is off: DBO with DeepEP high-throughput on ROCm")
         sc.async_scheduling = False
     elif pc.pipeline_parallel_size > 1 and not cfg.use_v2_model_runner:
         warning_once("async scheduling is off: pipeline parallelism needs the V2 model runner for it")

@@ -175,6 +175,15 @@ def resolve_multimodal(cfg: EngineConfig) -> None:
             kwargs["device"] = current_platform.device_type
         else:
             info_once("multimodal processor stays on CPU (mm_tensor_ipc is not torch_shm)")
+    if (
+        ec is not None
+        and ec.is_encode_only
+        and current_platform.is_cuda()
+        and kwargs.get("device") == "cuda"
+        and "video_backend" not in mm
+        and importlib.util.find_spec("torchcodec") is not None
+    ):
+        mm["video_backend"], mm["video_device"] = "torchcodec", "cuda"
 
 
 def check_moonep(cfg: EngineConfig) -> None:

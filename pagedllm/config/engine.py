@@ -15,10 +15,9 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
-from transformers import PretrainedConfig
 
 from pagedllm.config.attention import AttentionConfig
 from pagedllm.config.cache import CacheConfig
@@ -51,6 +50,9 @@ from pagedllm.config.scheduler import SchedulerConfig
 from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.config.structured_outputs import StructuredOutputsConfig
 from pagedllm.config.utils import config, env_flag
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 PerformanceMode = Literal["balanced", "interactivity", "throughput"]
 
@@ -353,7 +355,7 @@ class EngineConfig:
 
 def _enable_trace_function_call(path: Path) -> None:
     """Write one line per Python function call of the current thread to `path`."""
-    log = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the thread traces
+    log = open(path, "a", buffering=1)  # stays open while the thread traces
 
     def tracer(frame: Any, event: str, arg: Any) -> None:
         if event == "call":

@@ -40,6 +40,9 @@ class ReasoningConfig:
         self.think_start_token_id = vocab.get(self.think_start_str)
         self.think_end_token_id = vocab.get(self.think_end_str)
 
+    def compute_hash(self) -> str:
+        return hash_fields(self, ())
+
 
 @config
 class WatermarkConfig:
@@ -63,6 +66,9 @@ class WatermarkConfig:
     def default_alpha(cls) -> float:
         return cls.__dataclass_fields__["alpha"].default
 
+    def compute_hash(self) -> str:
+        return hash_fields(self, ())
+
 
 @config
 class MambaConfig:
@@ -73,6 +79,9 @@ class MambaConfig:
     enable_stochastic_rounding: bool = False
     """Stochastic rounding of the SSM state (needs a float16 state cache)."""
 
+    def compute_hash(self) -> str:
+        return hash_fields(self, ("backend", "enable_stochastic_rounding"))
+
 
 @config
 class DiffusionConfig:
@@ -80,6 +89,9 @@ class DiffusionConfig:
 
     canvas_length: Annotated[int, Field(ge=1)] | None = None
     """Tokens refined together per decoding step (the canvas)."""
+
+    def compute_hash(self) -> str:
+        return hash_fields(self, ("canvas_length",))
 
 
 @config
@@ -128,3 +140,6 @@ class WeightTransferConfig:
     """Transport of weight updates."""
     extra: dict[str, Any] = Field(default_factory=dict)
     """Backend options."""
+
+    def compute_hash(self) -> str:
+        return hash_fields(self, ())

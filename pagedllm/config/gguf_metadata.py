@@ -13,9 +13,10 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 GGUF_MAGIC = b"GGUF"
 
@@ -130,12 +131,13 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         raise ValueError(f"{path}: truncated or corrupt GGUF header ({e})") from e
 
 
-# pagedllm model type -> (transformers config class, architecture class name).
-_GGUF_CONFIGS: dict[str, tuple[type[PretrainedConfig], str]] = {
-    "llama": (LlamaConfig, "LlamaForCausalLM"),
-    "mistral": (MistralConfig, "MistralForCausalLM"),
-    "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
-    "qwen3": (Qwen3Config, "Qwen3ForCausalLM"),
+# pagedllm model type -> (transformers config class name, architecture class name). Names, not classes:
+# importing transformers costs about a second, paid only when a GGUF config is built.
+_GGUF_CONFIGS: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
 }
 
 # GGUF key suffix (after "<arch>.") -> transformers config attribute, per model type.
@@ -184,7 +186,9 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}"
         )
-    config_cls, architecture = _GGUF_CONFIGS[model_type]
+    import transformers
+
+    config_name, architecture = _GGUF_CONFIGS[model_type]
     kwargs: dict[str, Any] = {}
     for suffix, attr in _COMMON_KEYS.items():
         if f"{arch}.{suffix}" in meta:
@@ -217,7 +221,7 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         kwargs["sliding_window"] = sliding
     # As transformers decides: no separate output projection in the file -> tied embeddings.
     kwargs["tie_word_embeddings"] = "output.weight" not in header.tensor_names
-    config = config_cls(**kwargs)
+    config = getattr(transformers, config_name)(**kwargs)
     config.architectures = [architecture]
     config._name_or_path = str(meta.get("general.name", ""))
     return config

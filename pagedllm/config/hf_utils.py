@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from transformers import AutoConfig, PretrainedConfig
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Attributes that bound the context length, as different model families name them.
 MAX_LEN_KEYS = (
@@ -23,6 +24,8 @@ MAX_LEN_KEYS = (
 
 def load_hf_config(path: Path, trust_remote_code: bool, revision: str | None) -> PretrainedConfig:
     """Read config.json of a local model directory (no weights)."""
+    from transformers import AutoConfig
+
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
     except ValueError as e:

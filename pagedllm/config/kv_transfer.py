@@ -65,6 +65,9 @@ class KVEventsConfig:
     topic: str = ""
     """ZMQ topic of the events."""
 
+    def compute_hash(self) -> str:
+        return hash_fields(self, ())
+
 
 @config
 class ECTransferConfig:
@@ -95,3 +98,6 @@ class EncoderCacheManagerConfig:
 
     manager_cls: str | None = None
     """Fully qualified class name of a custom encoder-cache manager; unset: the built-in one."""
+
+    def compute_hash(self) -> str:
+        return hash_fields(self, ("manager_cls",))

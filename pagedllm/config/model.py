@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import torch
 from pydantic import Field
-from transformers import PretrainedConfig
 
 from pagedllm.config import hf_utils
 from pagedllm.config.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
@@ -20,6 +19,8 @@ from pagedllm.config.model_source import DEFAULT_MODEL, resolve_model_source
 from pagedllm.config.utils import config, env_flag, hash_fields
 
 if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
     from pagedllm.config.load import LoadConfig
     from pagedllm.config.parallel import ParallelConfig
 
@@ -183,6 +184,8 @@ class ModelConfig:
             self.tokenizer = str(source.gguf_file if source.gguf_file is not None else source.path)
         if self.served_model_name is None:
             self.served_model_name = self.model
+        # generation_config.json is read once; get_diff_sampling_param and eos_token_ids reuse it.
+        self._generation_file = self._generation_config_dict()
         self.dtype = self._resolve_dtype()
         self.max_model_len = self._resolve_max_model_len()
 
@@ -348,8 +351,7 @@ class ModelConfig:
 
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """Sampling defaults the model asks for (generation_config.json, then overrides)."""
-        generation = self._generation_config_dict()
-        generation.update(self.override_generation_config)
+        generation = {**self._generation_file, **self.override_generation_config}
         return {
             name: generation[key] for key, name in _GENERATION_KEYS.items() if generation.get(key) is not None
         }
@@ -365,7 +367,7 @@ class ModelConfig:
         ids: list[int] = []
         for value in (
             getattr(self.hf_text_config, "eos_token_id", None),
-            self._generation_config_dict().get("eos_token_id"),
+            self._generation_file.get("eos_token_id"),
         ):
             for token in value if isinstance(value, list) else [value]:
                 if isinstance(token, int) and token not in ids:

@@ -57,7 +57,7 @@ def embedded_model_path() -> Path:
 
 
 def _looks_like_path(model: str) -> bool:
-    return model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or os.sep in model[:1]
+    return model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf")
 
 
 def _gguf_in_dir(directory: Path) -> Path | None:

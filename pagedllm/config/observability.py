@@ -39,6 +39,9 @@ class LoggingConfig:
     max_log_len: Annotated[int, Field(ge=0)] | None = None
     """Longest prompt text or token list printed in request logs."""
 
+    def compute_hash(self) -> str:
+        return hash_fields(self, ())
+
 
 @config
 class ProfilerConfig:

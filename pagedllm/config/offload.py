@@ -13,7 +13,7 @@ from pagedllm.config.utils import config, hash_fields
 class OffloadConfig:
     """Configuration of model weight offloading (GPU only)."""
 
-    cpu_offload_gb: Annotated[float, Field(ge=0)] = 0
+    cpu_offload_gb: Annotated[float, Field(ge=0)] = 0.0
     """GiB of weights kept in CPU memory and streamed to the GPU each forward; 0 disables it."""
 
     def compute_hash(self) -> str:

@@ -21,6 +21,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from pagedllm.config.compilation import CompilationMode
+
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
 
@@ -107,7 +109,10 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         ),
     ]
     # MLA-only passes do nothing for the (non-MLA) models pagedllm runs; MLA models are rejected below.
-    enabled_passes = [p for p in passes.enabled_passes() if p not in _MLA_PASSES]
+    # Passes run only inside pagedllm's own compilation (VLLM_COMPILE); without it (enforce_eager, modes 0-2)
+    # the level defaults may still switch them on, but nothing would apply them.
+    compiled = cfg.compilation_config.mode == CompilationMode.VLLM_COMPILE
+    enabled_passes = [p for p in passes.enabled_passes() if p not in _MLA_PASSES] if compiled else []
     checks.append(
         (bool(enabled_passes), f"compilation_config.pass_config {', '.join(enabled_passes)} (fusion passes)")
     )

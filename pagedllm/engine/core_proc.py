@@ -150,13 +150,8 @@ class EngineCoreProc:
     def _handle(self, item: tuple[InputKind, Any]) -> None:
         kind, message = item
         if kind is InputKind.ADD:
-            try:
-                self.core.add_request(message)
-            except ValueError as e:
-                # An invalid request fails alone; the core keeps serving the others.
-                self.output_queue.put(
-                    (OutputKind.OUTPUTS, EngineCoreOutputs(errors={message.request_id: str(e)}))
-                )
+            # EngineCore reports a refused request in the next step's `errors`; it never raises here.
+            self.core.add_request(message)
         else:
             self.core.abort_requests(message)
 

@@ -162,8 +162,8 @@ class IncrementalDetokenizer:
         ):
             return ""
         new = text[len(self._prefix_text) :]
-        # The next window starts at the first token of this emission: that part has text, because text
-        # grew, and ends on a complete character outside any byte run.
+        # The next window starts at the first token of this emission, which ends on a complete
+        # character outside any byte run.
         self._prefix_offset, self._prefix_text = self._read_offset, self._decode(self._read_offset)
         self._read_offset = len(self.token_ids)
         return new

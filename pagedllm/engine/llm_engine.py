@@ -80,10 +80,11 @@ class LLMEngine:
     ) -> None:
         self.engine_config = engine_config
         self.model_config = engine_config.model_config
-        if tokenizer is None:
+        if tokenizer is None and not getattr(self.model_config, "skip_tokenizer_init", False):
             from pagedllm.tokenizer import get_tokenizer
 
             tokenizer = get_tokenizer(self.model_config)
+        # Without a tokenizer (skip_tokenizer_init) prompts must be token ids and outputs carry no text.
         self.tokenizer = tokenizer
         self.input_processor = InputProcessor(self.model_config, tokenizer)
         self.output_processor = OutputProcessor(tokenizer)

@@ -168,7 +168,9 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
             flag = "--" + str(key).replace("_", "-")
             action = self._option_string_actions.get(flag)
             if action is None or flag == CONFIG_FILE_FLAG:
-                self.error(f"unknown option {key!r} in {CONFIG_FILE_FLAG} file {str(path)!r}{self._hint(flag)}")
+                self.error(
+                    f"unknown option {key!r} in {CONFIG_FILE_FLAG} file {str(path)!r}{self._hint(flag)}"
+                )
             argv.extend(self._yaml_value_args(flag, action, value))
         return argv
 
@@ -205,7 +207,9 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
             file_args = self._expand_dotted(self._config_file_args(config_path))
             namespace, extra = super().parse_known_args(file_args, namespace)
             if extra:
-                self.error(f"invalid values in {CONFIG_FILE_FLAG} file {str(config_path)!r}: {' '.join(extra)}")
+                self.error(
+                    f"invalid values in {CONFIG_FILE_FLAG} file {str(config_path)!r}: {' '.join(extra)}"
+                )
         return super().parse_known_args(argv, namespace)
 
     # -- unknown flags -----------------------------------------------------------------------------
@@ -224,7 +228,7 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 
     def _suggestions(self, flag: str) -> list[str]:
         candidates = [s for s in self._option_string_actions if s.startswith("--")]
-        return difflib.get_close_matches(flag, candidates, n=3, cutoff=0.6)
+        return difflib.get_close_matches(flag, candidates, n=3, cutoff=0.75)
 
     def _hint(self, flag: str) -> str:
         matches = self._suggestions(flag)

@@ -61,7 +61,9 @@ def build_parser(command: str | None = None) -> tuple[FlexibleArgumentParser, Mo
         module = _load(name)
         module.add_parser(subparsers)
         if name not in subparsers.choices:
-            raise TypeError(f"subcommand {name!r}: {module.__name__}.add_parser() did not add a parser named {name!r}")
+            raise TypeError(
+                f"subcommand {name!r}: {module.__name__}.add_parser() did not add a parser named {name!r}"
+            )
     return parser, module
 
 

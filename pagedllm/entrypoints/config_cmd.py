@@ -28,6 +28,7 @@ def _is_config(value: Any) -> bool:
 def to_plain(value: Any) -> Any:
     """A JSON-serializable form of a config value (enums by name, dtypes and paths as strings)."""
     import torch
+    from transformers import PretrainedConfig
 
     if isinstance(value, enum.Enum):
         return value.name
@@ -35,6 +36,10 @@ def to_plain(value: Any) -> Any:
         return value
     if isinstance(value, (torch.dtype, torch.device, Path)):
         return str(value)
+    if isinstance(value, PretrainedConfig):
+        # Hundreds of HF attributes would drown the engine's own settings; the model's numbers that
+        # matter are in model_config.model_arch_config.
+        return f"<{type(value).__name__} model_type={value.model_type}>"
     if _is_config(value):
         return config_to_dict(value)
     if isinstance(value, dict):
@@ -63,7 +68,8 @@ def _flatten(prefix: str, value: Any, lines: list[str]) -> None:
         for key, item in value.items():
             _flatten(f"{prefix}.{key}", item, lines)
         return
-    text = value if isinstance(value, str) else json.dumps(value)
+    # Strings print bare unless they span lines (a chat template); everything else as JSON.
+    text = value if isinstance(value, str) and "\n" not in value else json.dumps(value)
     lines.append(f"  {prefix} = {text}")
 
 
@@ -88,7 +94,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     from pagedllm.config.args import EngineArgs
 
     parser = subparsers.add_parser(
-        "config", help="Show the resolved engine configuration.", description="Inspect the engine configuration."
+        "config",
+        help="Show the resolved engine configuration.",
+        description="Inspect the engine configuration.",
     )
     actions = parser.add_subparsers(dest="config_command", metavar="<action>", required=True)
     show = actions.add_parser(

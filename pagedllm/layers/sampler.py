@@ -69,13 +69,12 @@ class Sampler(nn.Module):
             rows, ids, values = metadata.logit_bias
             logits.index_put_((rows, ids), values, accumulate=True)
         if not metadata.no_penalties:
-            assert metadata.output_token_ids is not None
             assert metadata.presence_penalties is not None and metadata.frequency_penalties is not None
             assert metadata.repetition_penalties is not None
             apply_penalties(
                 logits,
-                metadata.prompt_token_ids,
-                metadata.output_token_ids,
+                metadata.penalty_seen,
+                metadata.penalty_output,
                 metadata.presence_penalties,
                 metadata.frequency_penalties,
                 metadata.repetition_penalties,

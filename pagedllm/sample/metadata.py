@@ -41,9 +41,10 @@ class SamplingMetadata:
     presence_penalties: torch.Tensor | None
     frequency_penalties: torch.Tensor | None
     repetition_penalties: torch.Tensor | None
-    # Right-padded with vocab_size; prompt ids only when some row uses a repetition penalty.
-    prompt_token_ids: torch.Tensor | None
-    output_token_ids: torch.Tensor | None
+    # Unique (rows, token ids) in the prompt or output of rows with a repetition penalty.
+    penalty_seen: tuple[torch.Tensor, torch.Tensor] | None
+    # Unique (rows, token ids, counts as float32) of the outputs, for frequency/presence penalties.
+    penalty_output: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
     # [num_reqs, vocab] bool, True = not allowed (rows with allowed_token_ids); None if no row has them.
     allowed_token_ids_mask: torch.Tensor | None
     # (rows, token ids, values) of logit_bias entries.
@@ -105,14 +106,32 @@ def build_sampling_metadata(
     use_frequency = any(p.frequency_penalty != 0.0 for p in params)
     use_repetition = any(p.repetition_penalty != 1.0 for p in params)
     no_penalties = not (use_presence or use_frequency or use_repetition)
-    presence = frequency = repetition = prompt_ids = output_ids = None
+    presence = frequency = repetition = penalty_seen = penalty_output = None
     if not no_penalties:
         presence = tensor([p.presence_penalty for p in params], torch.float32)
         frequency = tensor([p.frequency_penalty for p in params], torch.float32)
         repetition = tensor([p.repetition_penalty for p in params], torch.float32)
-        output_ids = _pad(output_token_ids, vocab_size, device)
+        if use_presence or use_frequency:
+            rows = [
+                i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+            ]
+            keys, counts = np.unique(_pair_keys(rows, output_token_ids, vocab_size), return_counts=True)
+            if keys.size:
+                penalty_output = (
+                    *_split_keys(keys, vocab_size, device),
+                    tensor(counts.tolist(), torch.float32),
+                )
         if use_repetition:
-            prompt_ids = _pad(prompt_token_ids, vocab_size, device)
+            rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
+            both = np.concatenate(
+                [
+                    _pair_keys(rows, prompt_token_ids, vocab_size),
+                    _pair_keys(rows, output_token_ids, vocab_size),
+                ]
+            )
+            keys = np.unique(both)
+            if keys.size:
+                penalty_seen = _split_keys(keys, vocab_size, device)
 
     allowed_mask = None
     allowed_rows = [i for i, p in enumerate(params) if p.allowed_token_ids is not None]
@@ -167,18 +186,25 @@ def build_sampling_metadata(
         presence_penalties=presence,
         frequency_penalties=frequency,
         repetition_penalties=repetition,
-        prompt_token_ids=prompt_ids,
-        output_token_ids=output_ids,
+        penalty_seen=penalty_seen,
+        penalty_output=penalty_output,
         allowed_token_ids_mask=allowed_mask,
         logit_bias=logit_bias,
         banned=banned,
     )
 
 
-def _pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device | str) -> torch.Tensor:
-    """Right-pad token id rows with ``pad`` into one int64 tensor (at least one column)."""
-    width = max([len(r) for r in rows] + [1])
-    out = np.full((len(rows), width), pad, dtype=np.int64)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = r
-    return torch.from_numpy(out).to(device)
+def _pair_keys(rows: list[int], token_ids: Sequence[Sequence[int]], vocab_size: int) -> np.ndarray:
+    """row * vocab_size + token id for every token of the given rows (one int64 key per pair)."""
+    arrays = [np.asarray(token_ids[i], dtype=np.int64) for i in rows]
+    if not arrays:
+        return np.zeros(0, dtype=np.int64)
+    row_ids = np.repeat(np.asarray(rows, dtype=np.int64), [a.size for a in arrays])
+    return row_ids * vocab_size + np.concatenate(arrays)
+
+
+def _split_keys(
+    keys: np.ndarray, vocab_size: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, ids = np.divmod(keys, vocab_size)
+    return torch.from_numpy(rows).to(device), torch.from_numpy(ids).to(device)

@@ -15,6 +15,7 @@ The only host syncs per step are the ones that read the sampled ids (and logprob
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
+from pagedllm.config.compilation import CompilationMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.forward_context import set_forward_context
@@ -96,6 +98,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs_next: dict[str, int] = {}
         self.model: nn.Module | None = None
+        self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.kv_caches: list[torch.Tensor] = []
 
         pin = current_platform.is_pin_memory_available() and self.device.type != "cpu"
@@ -122,11 +125,9 @@ class ModelRunner:
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
 
-    def _build_forward(self, model: nn.Module) -> Any:
+    def _build_forward(self, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The callable `(input_ids, positions) -> hidden_states` each step runs: the hook where a
         compiled or graph-captured forward plugs in (`compilation_config.mode`, issue 6)."""
-        from pagedllm.config.compilation import CompilationMode
-
         mode = self.engine_config.compilation_config.mode
         if mode not in (None, CompilationMode.NONE):
             # The eager forward is what every mode computes; compilation only changes its speed.
@@ -139,6 +140,11 @@ class ModelRunner:
         if self.model is None:
             raise RuntimeError("ModelRunner.load_model() must be called first")
         return self.model
+
+    def _run_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self._forward is None:
+            raise RuntimeError("ModelRunner.load_model() must be called first")
+        return self._forward(input_ids, positions)
 
     def weights_bytes(self) -> int:
         model = self._require_model()
@@ -178,7 +184,7 @@ class ModelRunner:
         ids = torch.zeros(n, dtype=torch.int64, device=self.device)
         positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
         with set_forward_context(None):
-            hidden = self._forward(ids, positions)
+            hidden = self._run_forward(ids, positions)
         rows = min(self.max_num_reqs, n)
         logits = model.compute_logits(hidden[-rows:])
         logits.argmax(dim=-1)
@@ -306,7 +312,7 @@ class ModelRunner:
         model = self._require_model()
         inputs = self._prepare_inputs(so)
         with set_forward_context(inputs.attn_metadata):
-            hidden = self._forward(inputs.input_ids, inputs.positions)
+            hidden = self._run_forward(inputs.input_ids, inputs.positions)
 
         num_reqs = len(inputs.req_ids)
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]

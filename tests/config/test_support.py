@@ -159,3 +159,18 @@ def test_spec_metrics_need_spec() -> None:
             model_config=ModelConfig(),
             observability_config=ObservabilityConfig(per_request_spec_decode_metrics="summary"),
         )
+
+
+def test_after_validators_run() -> None:
+    with allow_unsupported():
+        with pytest.raises(
+            ValueError, match="mamba_block_size can only be set together with enable_prefix_caching"
+        ):
+            EngineConfig(
+                model_config=ModelConfig(),
+                cache_config=CacheConfig(mamba_block_size=16, enable_prefix_caching=False),
+            )
+        with pytest.raises(ValueError, match="does not support ReplaySSM"):
+            EngineConfig(model_config=ModelConfig(), cache_config=CacheConfig(use_replayssm=True))
+        cfg = EngineConfig(model_config=ModelConfig(), cache_config=CacheConfig(use_kda_recoverssm=True))
+    assert cfg.cache_config.use_kda_recoverssm is False

@@ -12,12 +12,16 @@ import pytest
 from tiny_llm import hf_greedy, make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.config.args import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
 
 # float32 for exact comparisons; eager to keep start-up short; a small KV budget each.
 BASE: dict[str, Any] = dict(
-    dtype="float32", max_model_len=256, enforce_eager=True, optimization_level=0, kv_cache_memory_bytes=8 << 20
+    dtype="float32",
+    max_model_len=256,
+    enforce_eager=True,
+    optimization_level=0,
+    kv_cache_memory_bytes=8 << 20,
 )
 MAX_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
@@ -55,7 +59,9 @@ def greedy_tokens(llm: LLM, prompts: list[list[int]]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def test_greedy_equals_transformers(model_dir: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+def test_greedy_equals_transformers(
+    model_dir: Path, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
     assert reference == hf_greedy(model_dir, prompts, MAX_TOKENS)
 
 
@@ -79,9 +85,13 @@ def test_identical_under_engine_settings(
     assert greedy_tokens(llm, prompts) == reference
 
 
-def test_identical_under_preemption(model_dir: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+def test_identical_under_preemption(
+    model_dir: Path, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
     # 20 blocks of 16 tokens hold one full-length sequence but not the ten prompts at once.
-    args = EngineArgs(model=str(model_dir), **{**BASE, "num_gpu_blocks_override": 20, "max_num_batched_tokens": 32})
+    args = EngineArgs(
+        model=str(model_dir), **{**BASE, "num_gpu_blocks_override": 20, "max_num_batched_tokens": 32}
+    )
     engine = LLMEngine.from_engine_args(args)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), {"prompt_token_ids": prompt}, GREEDY)
@@ -108,7 +118,9 @@ def test_batch_size_does_not_change_outputs(llm: LLM, batch_size: int) -> None:
         assert greedy_tokens(llm, [batch[index]]) == [together[index]]
 
 
-def test_n_greedy_children_are_identical(llm: LLM, prompts: list[list[int]], reference: list[list[int]]) -> None:
+def test_n_greedy_children_are_identical(
+    llm: LLM, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
     params = SamplingParams(n=3, temperature=0.0, max_tokens=MAX_TOKENS)
     (output,) = llm.generate({"prompt_token_ids": prompts[0]}, params, use_tqdm=False)
     assert [c.index for c in output.outputs] == [0, 1, 2]
@@ -122,7 +134,9 @@ def test_seeded_sampling_is_reproducible_across_batches(llm: LLM, prompts: list[
     target = {"prompt_token_ids": prompts[1]}
     alone = llm.generate(target, seeded, use_tqdm=False)[0].outputs[0].token_ids
     crowd = [{"prompt_token_ids": p} for p in prompts[2:7]]
-    mixed = llm.generate([*crowd[:2], target, *crowd[2:]], [other, other, seeded, other, other, other], use_tqdm=False)
+    mixed = llm.generate(
+        [*crowd[:2], target, *crowd[2:]], [other, other, seeded, other, other, other], use_tqdm=False
+    )
     assert mixed[2].outputs[0].token_ids == alone
     reseeded = SamplingParams(temperature=3.0, seed=99, max_tokens=MAX_TOKENS, ignore_eos=True)
     assert llm.generate(target, reseeded, use_tqdm=False)[0].outputs[0].token_ids != alone
@@ -149,12 +163,18 @@ def _ascii_window(text: str, width: int = 3) -> str | None:
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_strings(llm: LLM, include: bool) -> None:
     prompts = ["The quick brown fox", "Hello, world!", "Numbers: 0 1 2", "Continuous batching mixes"]
-    full = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    full = llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False
+    )
     candidates = [(p, o.outputs[0].text, _ascii_window(o.outputs[0].text)) for p, o in zip(prompts, full)]
     prompt, text, stop = next((c for c in candidates if c[2] is not None), (None, None, None))
     assert stop is not None and text is not None, f"no ASCII text to stop on in {[c[1] for c in candidates]}"
     params = SamplingParams(
-        temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop, "never-appears"], include_stop_str_in_output=include
+        temperature=0.0,
+        max_tokens=24,
+        ignore_eos=True,
+        stop=[stop, "never-appears"],
+        include_stop_str_in_output=include,
     )
     (output,) = llm.generate(prompt, params, use_tqdm=False)
     completion = output.outputs[0]

@@ -123,6 +123,17 @@ def test_random_streams_byte_fallback(sp_byte_fallback: PreTrainedTokenizerFast)
     _check_random_streams(tok, trials=300, seed=1)
 
 
+def test_random_streams_metaspace_decoder(sp_byte_fallback: PreTrainedTokenizerFast) -> None:
+    """The other SentencePiece decoder: Metaspace drops every "▁" of the first token of a decode."""
+    backend = Tokenizer.from_str(sp_byte_fallback.backend_tokenizer.to_str())
+    backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    assert tok.decode(_encode(tok, "a b")) == "a b"
+    _check_random_streams(tok, trials=200, seed=2)
+
+
 def test_multibyte_character_is_held_until_complete(sp_byte_fallback: PreTrainedTokenizerFast) -> None:
     rocket = [3 + b for b in "🚀".encode()]  # four byte tokens
     detok = IncrementalDetokenizer(sp_byte_fallback, [], SamplingParams())

@@ -65,7 +65,11 @@ def test_arrival_time_and_priority(tokenizer: Any) -> None:
         ({"prompt_token_ids": "12"}, TypeError, "list of integers"),
         ({"text": "hi"}, ValueError, "needs 'prompt' or 'prompt_token_ids'"),
         (42, TypeError, "a prompt must be"),
-        ({"prompt_token_ids": [1, 49152, -3]}, ValueError, r"outside the vocabulary \[0, 49152\): \[-3, 49152\]"),
+        (
+            {"prompt_token_ids": [1, 49152, -3]},
+            ValueError,
+            r"outside the vocabulary \[0, 49152\): \[-3, 49152\]",
+        ),
     ],
 )
 def test_bad_prompts(tokenizer: Any, prompt: Any, error: type[Exception], match: str) -> None:
@@ -110,7 +114,9 @@ def test_logprobs_limit(tokenizer: Any) -> None:
 
 def test_sampling_token_ids_within_vocab(tokenizer: Any) -> None:
     processor = make(tokenizer, vocab_size=100)
-    with pytest.raises(ValueError, match=r"allowed_token_ids contains token ids outside the vocabulary \[0, 100\)"):
+    with pytest.raises(
+        ValueError, match=r"allowed_token_ids contains token ids outside the vocabulary \[0, 100\)"
+    ):
         processor.process_inputs("a", {"prompt_token_ids": [1]}, SamplingParams(allowed_token_ids=[5, 100]))
     with pytest.raises(ValueError, match="stop_token_ids"):
         processor.process_inputs("a", {"prompt_token_ids": [1]}, SamplingParams(stop_token_ids=[250]))

@@ -122,7 +122,9 @@ def test_logprobs_and_prompt_logprobs(tokenizer: Any) -> None:
     # Prompt logprobs arrive in two chunks (chunked prefill): num_prompt - 1 rows in all.
     p_ids = request.prompt_token_ids[1:]
     chunk1 = LogprobsLists([[t, 7] for t in p_ids[:1]], [[-1.0, -0.5]], [3])
-    chunk2 = LogprobsLists([[t, 7] for t in p_ids[1:]], [[-2.0, -0.1]] * (num_prompt - 2), [2] * (num_prompt - 2))
+    chunk2 = LogprobsLists(
+        [[t, 7] for t in p_ids[1:]], [[-2.0, -0.1]] * (num_prompt - 2), [2] * (num_prompt - 2)
+    )
     processor.process_outputs([EngineCoreOutput("r", [], new_prompt_logprobs=chunk1)])
     step1 = LogprobsLists([[a, a, b]], [[-0.25, -0.25, -1.5]], [1])
     step2 = LogprobsLists([[c, a, b]], [[-3.0, -0.5, -1.0]], [4])
@@ -160,7 +162,10 @@ def add_parent(
     parent = ParentRequest("p", request.sampling_params, PROMPT, sink=None)
     for index, child_id in enumerate(parent.child_ids):
         child = EngineCoreRequest(
-            child_id, request.prompt_token_ids, parent.child_params(request.sampling_params, index), request.eos_token_id
+            child_id,
+            request.prompt_token_ids,
+            parent.child_params(request.sampling_params, index),
+            request.eos_token_id,
         )
         processor.add_request(child, PROMPT, parent, index)
     return parent
@@ -239,7 +244,9 @@ def test_duplicate_request_id(tokenizer: Any) -> None:
 def test_collector_merges_deltas_for_a_slow_reader(tokenizer: Any) -> None:
     processor = OutputProcessor(tokenizer)
     collector = RequestOutputCollector(RequestOutputKind.DELTA)
-    processor.add_request(make_request(tokenizer, output_kind=RequestOutputKind.DELTA), PROMPT, sink=collector)
+    processor.add_request(
+        make_request(tokenizer, output_kind=RequestOutputKind.DELTA), PROMPT, sink=collector
+    )
     ids = tokenizer.encode(TEXT)
     steps = feed(processor, "r", ids[:3])
     assert steps == [[], [], []]  # everything went to the sink

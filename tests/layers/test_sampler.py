@@ -173,7 +173,8 @@ def test_seeded_request_independent_of_batch() -> None:
 def test_penalties_match_hand_computation() -> None:
     logits = torch.tensor([[2.0, -1.0, 0.5, 3.0, -2.0, 1.0, 0.0, 0.25]])
     params = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
-    md = _metadata([params], outputs=[[3, 3, 1]], prompts=[[0, 4]])
+    # Tokens 0 and 4 appear twice in the prompt: the repetition penalty still applies once.
+    md = _metadata([params], outputs=[[3, 3, 1]], prompts=[[0, 4, 0, 4]])
     out = Sampler.process_logits(logits.clone(), md)
     # token 0: prompt, positive -> 2/2; token 1: output once, negative -> -1*2 - 0.5 - 0.25;
     # token 3: output twice -> 3/2 - 2*0.5 - 0.25; token 4: prompt, negative -> -2*2; others unchanged.
@@ -185,7 +186,7 @@ def test_penalties_per_row_and_skipped_when_off() -> None:
     logits = torch.tensor([[1.0] * V, [1.0] * V])
     params = [SamplingParams(), SamplingParams(presence_penalty=1.0)]
     md = _metadata(params, outputs=[[0, 1], [0, 1]], prompts=[[2], [2]])
-    assert md.prompt_token_ids is None  # no repetition penalty anywhere: prompts are not batched
+    assert md.penalty_seen is None  # no repetition penalty anywhere: prompts are not looked at
     out = Sampler.process_logits(logits, md)
     assert out[0].tolist() == [1.0] * V
     assert out[1].tolist() == [0.0, 0.0] + [1.0] * (V - 2)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
 from pagedllm.sampling_params import SamplingParams
 
@@ -42,13 +40,15 @@ def test_mixed_batch_tensors() -> None:
     assert md.max_num_logprobs == 4 and md.num_logprobs == [None, None, 4]
 
 
-def test_penalty_tensors_are_padded_with_vocab_size() -> None:
-    params = [SamplingParams(repetition_penalty=1.2), SamplingParams()]
-    md = _build(params, outputs=[[1, 2, 3], []], prompts=[[4], [5, 6]])
-    assert not md.no_penalties
-    assert md.output_token_ids is not None and md.output_token_ids.tolist() == [[1, 2, 3], [V, V, V]]
-    assert md.prompt_token_ids is not None and md.prompt_token_ids.tolist() == [[4, V], [5, 6]]
-    assert md.repetition_penalties is not None and md.repetition_penalties.dtype == torch.float32
+def test_penalty_entries_are_unique_pairs() -> None:
+    params = [SamplingParams(repetition_penalty=1.2), SamplingParams(frequency_penalty=0.5), SamplingParams()]
+    md = _build(params, outputs=[[1, 2, 1], [3, 3, 9, 3], [4]], prompts=[[2, 5], [6], [7]])
+    assert not md.no_penalties and md.repetition_penalties is not None
+    assert md.penalty_seen is not None and md.penalty_output is not None
+    # Repetition: row 0 only, prompt and output merged; frequency/presence: row 1 only, with counts.
+    assert list(zip(*(t.tolist() for t in md.penalty_seen))) == [(0, 1), (0, 2), (0, 5)]
+    assert list(zip(*(t.tolist() for t in md.penalty_output))) == [(1, 3, 3.0), (1, 9, 1.0)]
+    assert _build([SamplingParams(presence_penalty=1.0)], outputs=[[]]).penalty_output is None
 
 
 def test_bans_and_bias_index_pairs() -> None:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from pagedllm.sample.ops import apply_min_p, apply_top_k_top_p, random_sample
+from pagedllm.sample.ops import (
+    apply_min_p,
+    apply_top_k_top_p,
+    apply_top_k_top_p_sorted,
+    apply_top_p_partial,
+    exponential_race,
+    inverse_cdf_sample,
+    random_sample,
+)
 
 
 def test_top_k_only_path_equals_sorted_path() -> None:
@@ -63,3 +72,31 @@ def test_random_sample_seeded_rows_ignore_the_rest() -> None:
     masked[:, 3] = 0.4
     masked[:, 8] = 0.6
     assert set(random_sample(masked, {}).tolist()) == {3, 8}
+
+
+def test_partial_top_p_equals_sorted_kernel() -> None:
+    torch.manual_seed(2)
+    vocab = 6000
+    # Cut-offs within the first 256 candidates, within 4096, and beyond (the full-sort fallback).
+    scales = torch.tensor([4.0] * 6 + [1.0] * 2 + [0.05] * 3).unsqueeze(1)
+    logits = torch.randn(11, vocab) * scales
+    top_p = torch.tensor([0.9, 0.5, 1.0, 0.99, 0.2, 0.95, 0.9, 0.8, 0.99, 1.0, 0.3])
+    top_k = torch.tensor([vocab, 40, 300, vocab, 3, 1000, vocab, vocab, vocab, 10, vocab])
+    for k, max_k in ((None, 0), (top_k, 1000)):
+        partial = apply_top_p_partial(logits.clone(), k, top_p, max_k)
+        reference = apply_top_k_top_p_sorted(logits.clone(), k, top_p)
+        assert torch.equal(torch.isinf(partial), torch.isinf(reference))
+    kept = (~torch.isinf(partial)).sum(-1)
+    assert kept[2] == 300 and kept[9] == 10 and kept[4] <= 3
+    assert 256 < kept[6] <= 4096 and kept[8] > 4096
+
+
+@pytest.mark.parametrize("draw", [exponential_race, inverse_cdf_sample])
+def test_both_draws_follow_the_distribution(draw) -> None:
+    p = torch.tensor([0.5, 0.0, 0.25, 0.15, 0.1, 0.0])
+    torch.manual_seed(0)
+    n = 20_000
+    sampled = draw(p.repeat(n, 1), {3: torch.Generator().manual_seed(1)})
+    counts = torch.bincount(sampled, minlength=6).double() / n
+    assert counts[1] == 0 and counts[5] == 0
+    assert 0.5 * (counts - p.double()).abs().sum() < 0.02

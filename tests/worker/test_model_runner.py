@@ -196,9 +196,9 @@ def test_repetition_penalty_reads_prompt_and_output(model_dir: Path, hf_tokens: 
 
     prompt = PROMPTS["b"]
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    want = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, repetition_penalty=1.5)
+    want = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, repetition_penalty=3.0)
     driver = RunnerDriver(make_runner(model_dir), num_blocks=64)
-    driver.add("p", prompt, 10, SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=1.5))
+    driver.add("p", prompt, 10, SamplingParams(temperature=0.0, max_tokens=10, repetition_penalty=3.0))
     driver.add("g", PROMPTS["a"], 10)
     assert driver.run()["p"] == want[0, len(prompt) :].tolist()
     assert want[0, len(prompt) :].tolist() != hf_tokens["b"][:10]  # the penalty changed something

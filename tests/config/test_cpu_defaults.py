@@ -1,0 +1,42 @@
+"""What a plain construction gives on this CPU machine (the platform pagedllm's tests run on)."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedllm.config import CompilationMode, CUDAGraphMode, EngineConfig, ModelConfig, OptimizationLevel
+from pagedllm.platforms import override_platform
+
+
+def test_cpu_defaults() -> None:
+    with override_platform("cpu"):
+        cfg = EngineConfig(model_config=ModelConfig())
+    sc, cc = cfg.scheduler_config, cfg.compilation_config
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs, sc.max_model_len) == (4096, 256, 8192)
+    assert cfg.model_config.dtype == torch.float32 and cfg.device_config.device == torch.device("cpu")
+    assert cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
+    assert cc.cudagraph_mode == CUDAGraphMode.NONE and cc.compile_ranges_endpoints == [4096]
+    assert sc.async_scheduling is False and cfg.max_concurrent_batches == 1
+    assert cfg.cache_config.block_size == 16 and cfg.cache_config.enable_prefix_caching
+    assert cfg.parallel_config.distributed_executor_backend == "uni"
+
+
+def test_cpu_o0_is_eager() -> None:
+    with override_platform("cpu"):
+        cfg = EngineConfig(model_config=ModelConfig(), optimization_level=OptimizationLevel.O0)
+    assert cfg.compilation_config.mode == CompilationMode.NONE
+    assert cfg.compilation_config.custom_ops == ["all"]
+
+
+def test_no_model_config() -> None:
+    with override_platform("cpu"):
+        cfg = EngineConfig()
+    assert cfg.model_config is None and cfg.scheduler_config.max_model_len is None
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    assert len(cfg.compute_hash()) == 10
+
+
+def test_scheduler_gets_model_len(tiny_llama_dir) -> None:
+    with override_platform("cpu"):
+        cfg = EngineConfig(model_config=ModelConfig(model=str(tiny_llama_dir), max_model_len=256))
+    assert cfg.scheduler_config.max_model_len == 256

@@ -1,0 +1,139 @@
+"""`pagedllm generate` and `pagedllm chat` through the real console entry point (subprocesses), and the
+chat session's history handling in-process."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e.tiny_llm import hf_greedy, make_tiny_llm
+
+from pagedllm.config.args import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.entrypoints.chat import ChatSession, chat_loop
+from pagedllm.sampling_params import SamplingParams
+
+ENGINE_FLAGS = [
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--optimization-level",
+    "0",
+    "--max-model-len",
+    "128",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
+
+
+def pagedllm(*args: str, stdin: str = "", timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pagedllm.entrypoints.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_generate_json_from_args_and_stdin(model_dir: Path) -> None:
+    result = pagedllm(
+        "generate", "Hello, world!", "-", "--model", str(model_dir), *ENGINE_FLAGS,
+        "--json", "--temperature", "0", "--max-tokens", "6",
+        stdin="The quick brown fox\n\nContinuous batching\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    prompts = ["Hello, world!", "The quick brown fox", "Continuous batching"]
+    assert [r["prompt"] for r in records] == prompts
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    expected = hf_greedy(model_dir, [tokenizer.encode(p) for p in prompts], 6)
+    assert [r["token_ids"] for r in records] == expected
+    assert [r["text"] for r in records] == [tokenizer.decode(t, skip_special_tokens=True) for t in expected]
+
+
+def test_generate_errors(model_dir: Path) -> None:
+    missing = pagedllm("generate", "--model", str(model_dir), *ENGINE_FLAGS, stdin="")
+    assert missing.returncode == 2 and "no prompt given" in missing.stderr
+    bad_flag = pagedllm("generate", "hi", "--model", str(model_dir), "--top-p", "1.5")
+    assert bad_flag.returncode == 2 and "top_p must be in (0, 1]" in bad_flag.stderr
+    too_long = pagedllm("generate", "hi", "--model", str(model_dir), *ENGINE_FLAGS, "--max-tokens", "500")
+    assert too_long.returncode == 1 and "max_tokens=500 is too large" in too_long.stderr
+
+
+def test_chat_command(model_dir: Path) -> None:
+    result = pagedllm(
+        "chat", "--model", str(model_dir), *ENGINE_FLAGS, "--temperature", "0", "--max-tokens", "5",
+        stdin="Hello\n/reset\nHi there\n/exit\nnever read\n",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") >= 2
+
+
+def test_chat_session_keeps_history(model_dir: Path) -> None:
+    args = EngineArgs(
+        model=str(model_dir), dtype="float32", enforce_eager=True, optimization_level=0, max_model_len=128
+    )
+    engine = LLMEngine.from_engine_args(args)
+    out = io.StringIO()
+    params = SamplingParams(temperature=0.0, max_tokens=5)
+    session = ChatSession(engine, params, system="Be brief.", out=out)
+    first = session.send("Hello")
+    assert out.getvalue() == first + "\n"
+    assert session.history == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": first},
+    ]
+    second = session.send("And then?")
+    assert [m["role"] for m in session.history] == ["system", "user", "assistant", "user", "assistant"]
+    assert session.history[-1]["content"] == second
+    # The streamed reply equals the one-shot greedy reply to the same rendered conversation.
+    tokenizer = engine.get_tokenizer()
+    rendered = tokenizer.apply_chat_template(session.history[:-1], tokenize=False, add_generation_prompt=True)
+    engine.add_request(
+        "check", {"prompt_token_ids": tokenizer.encode(rendered, add_special_tokens=False)}, params
+    )
+    final = [o for o in _drain(engine) if o.finished][0]
+    assert final.outputs[0].text == second
+    session.reset()
+    assert session.history == [{"role": "system", "content": "Be brief."}]
+
+
+def test_chat_loop_reports_overflow_and_goes_on(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = EngineArgs(
+        model=str(model_dir), dtype="float32", enforce_eager=True, optimization_level=0, max_model_len=64
+    )
+    engine = LLMEngine.from_engine_args(args)
+    out = io.StringIO()
+    session = ChatSession(engine, SamplingParams(temperature=0.0, max_tokens=4), out=out)
+    chat_loop(session, io.StringIO("word " * 80 + "\nHi\n"), interactive=False)
+    assert "error:" in capsys.readouterr().err
+    # The long message was dropped; the next one was answered.
+    assert [m["content"] for m in session.history if m["role"] == "user"] == ["Hi"]
+
+
+def _drain(engine: LLMEngine) -> list:
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    return outputs
+
+
+@pytest.mark.slow
+def test_generate_default_model_chat_template() -> None:
+    result = pagedllm(
+        "generate", "What is the capital of France?", "--apply-chat-template", "--temperature", "0",
+        "--max-tokens", "6", "--max-model-len", "512", "--optimization-level", "0",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
