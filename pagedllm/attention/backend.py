@@ -7,8 +7,10 @@ cache (a cached prefix or earlier chunks) and the rest are this step's tokens, w
 ``slot_mapping`` before attention. Causal masking is per request: query token ``j`` (absolute position
 ``num_computed_tokens[i] + j``) sees keys ``0..num_computed_tokens[i] + j``.
 
-KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (key, value).
-Slot ``s`` is block ``s // block_size``, offset ``s % block_size``.
+KV cache layout per layer: ``[2, num_blocks, num_kv_heads, block_size, head_dim]`` (key, value;
+head-major inside a block, so a gathered block is ready for batched GEMMs per head without a layout
+copy). Allocate it with ``backend.get_kv_cache_shape(...)``, zero-filled. Slot ``s`` is block
+``s // block_size``, offset ``s % block_size``.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class AttentionBackend(ABC):
     def get_impl_cls() -> type[AttentionImpl]: ...
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int) -> tuple[int, ...]:
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
         """Shape of one layer's cache tensor (the layout in this module's docstring)."""
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        return (2, num_blocks, num_kv_heads, block_size, head_size)

@@ -15,7 +15,7 @@ class Attention(nn.Module):
     """Multi-head / grouped-query attention over the paged KV cache.
 
     `kv_cache` is a plain attribute (not a buffer: it is neither a weight nor saved), shaped
-    `[2, num_blocks, block_size, num_kv_heads, head_size]`; it stays empty until `bind_kv_cache`.
+    `backend.get_kv_cache_shape(...)` (see `pagedllm.attention.backend`); empty until `bind_kv_cache`.
     """
 
     def __init__(
@@ -33,7 +33,9 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads or num_heads
         self.layer_name = prefix
         self.backend = get_attn_backend()
-        self.impl = self.backend.get_impl_cls()(num_heads, head_size, scale, self.num_kv_heads, sliding_window)
+        self.impl = self.backend.get_impl_cls()(
+            num_heads, head_size, scale, self.num_kv_heads, sliding_window
+        )
         self.kv_cache = torch.empty(0)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -67,7 +69,9 @@ def bind_kv_cache(model: nn.Module, kv_caches: Sequence[torch.Tensor] | Mapping[
         missing = sorted(set(layers) - set(kv_caches))
         extra = sorted(set(kv_caches) - set(layers))
         if missing or extra:
-            raise ValueError(f"KV caches do not match the attention layers: missing {missing}, unknown {extra}")
+            raise ValueError(
+                f"KV caches do not match the attention layers: missing {missing}, unknown {extra}"
+            )
         for name, layer in layers.items():
             layer.kv_cache = kv_caches[name]
         return

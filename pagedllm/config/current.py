@@ -37,16 +37,11 @@ def get_cached_compilation_config() -> CompilationConfig:
 
 def get_current_config() -> EngineConfig:
     """The config installed by `set_current_config`; a default EngineConfig() outside any context."""
-    global _current_config
     if _current_config is None:
         from pagedllm.config.engine import EngineConfig
 
         logger.debug("get_current_config() outside set_current_config(); using a default EngineConfig")
         return EngineConfig()
-    return _current_config
-
-
-def get_current_config_or_none() -> EngineConfig | None:
     return _current_config
 
 

@@ -19,7 +19,13 @@ logger = logging.getLogger("pagedllm.config")
 
 # `use_attribute_docstrings` turns the docstring under each field into its description, which
 # `pagedllm.config.args` shows as the CLI `--help` text.
-CONFIG_DICT = ConfigDict(extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
+CONFIG_DICT = ConfigDict(
+    extra="forbid",
+    arbitrary_types_allowed=True,
+    use_attribute_docstrings=True,
+    # Error messages name the field and the problem; the (huge) input repr would only add noise.
+    hide_input_in_errors=True,
+)
 
 T = TypeVar("T")
 

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-
 def check_tp_size(tp_size: int) -> None:
     if tp_size != 1:
         raise NotImplementedError(
@@ -26,7 +25,9 @@ def check_tp_size(tp_size: int) -> None:
 
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     if param.shape != loaded_weight.shape:
-        raise ValueError(f"weight shape {tuple(loaded_weight.shape)} does not match parameter {tuple(param.shape)}")
+        raise ValueError(
+            f"weight shape {tuple(loaded_weight.shape)} does not match parameter {tuple(param.shape)}"
+        )
     param.data.copy_(loaded_weight)
 
 
@@ -69,7 +70,9 @@ class RowParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of the same input fused along the output dimension."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, tp_size: int = 1) -> None:
+    def __init__(
+        self, input_size: int, output_sizes: list[int], bias: bool = False, tp_size: int = 1
+    ) -> None:
         self.output_sizes = list(output_sizes)
         super().__init__(input_size, sum(output_sizes), bias=bias, tp_size=tp_size)
 
@@ -108,7 +111,11 @@ class QKVParallelLinear(ColumnParallelLinear):
         if shard_id is None:
             default_weight_loader(param, loaded_weight)
             return
-        offsets = {"q": (0, self.q_size), "k": (self.q_size, self.kv_size), "v": (self.q_size + self.kv_size, self.kv_size)}
+        offsets = {
+            "q": (0, self.q_size),
+            "k": (self.q_size, self.kv_size),
+            "v": (self.q_size + self.kv_size, self.kv_size),
+        }
         if shard_id not in offsets:
             raise ValueError(f"unknown QKV shard id {shard_id!r}")
         start, size = offsets[shard_id]

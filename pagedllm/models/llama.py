@@ -57,7 +57,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVParallelLinear(hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=qkv_bias)
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=qkv_bias
+        )
         self.o_proj = RowParallelLinear(self.q_size, hidden_size, bias=o_bias)
         # Qwen3 normalizes each head of q and k before rotary.
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
@@ -123,7 +125,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", **attn_options) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", **attn_options)
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -193,7 +196,9 @@ class LlamaForCausalLM(nn.Module):
                     break
             param = params.get(target)
             if param is None:
-                raise ModelLoadError(f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}")
+                raise ModelLoadError(
+                    f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}"
+                )
             # Parameters are looked up by name and loaded by their module: materializing the model
             # (`to_empty`) replaces the Parameter objects, so nothing is attached to them.
             owner = self.get_submodule(target.rpartition(".")[0])
@@ -210,6 +215,8 @@ class LlamaForCausalLM(nn.Module):
         partial = sorted(n for n, need in shards_needed.items() if n in loaded and shards_seen.get(n) != need)
         missing = sorted(set(params) - loaded) + partial
         if missing:
-            raise ModelLoadError(f"checkpoint is missing weights for: {', '.join(missing[:10])}"
-                                 + (f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""))
+            raise ModelLoadError(
+                f"checkpoint is missing weights for: {', '.join(missing[:10])}"
+                + (f" (and {len(missing) - 10} more)" if len(missing) > 10 else "")
+            )
         return loaded

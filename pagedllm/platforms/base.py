@@ -43,7 +43,6 @@ class Platform:
     _enum: PlatformEnum
     device_name: str
     device_type: str
-    dispatch_key: str
 
     def is_cpu(self) -> bool:
         return self._enum == PlatformEnum.CPU
@@ -56,9 +55,6 @@ class Platform:
         return False
 
     def is_tpu(self) -> bool:
-        return False
-
-    def is_xpu(self) -> bool:
         return False
 
     def is_out_of_tree(self) -> bool:

@@ -22,7 +22,6 @@ class CpuPlatform(Platform):
     _enum = PlatformEnum.CPU
     device_name = "cpu"
     device_type = "cpu"
-    dispatch_key = "CPU"
 
     def default_max_num_batched_tokens(self) -> int:
         # Large enough to prefill a typical prompt in one step, small enough that one step's

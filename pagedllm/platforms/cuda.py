@@ -11,7 +11,6 @@ class CudaPlatform(Platform):
     _enum = PlatformEnum.CUDA
     device_name = "cuda"
     device_type = "cuda"
-    dispatch_key = "CUDA"
 
     def __init__(self, capability: tuple[int, int] | None = None) -> None:
         # A given capability means "behave as that GPU" without asking the driver (tests, planning).

@@ -77,7 +77,8 @@ def build_sampling_metadata(
     num_reqs = len(params)
     greedy = [p.temperature < SAMPLING_EPS for p in params]
     all_greedy = all(greedy)
-    all_random = not any(greedy)
+    # An empty batch counts as all-greedy (an argmax over no rows), never as both.
+    all_random = bool(greedy) and not any(greedy)
 
     def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)

@@ -101,7 +101,8 @@ def apply_top_p_partial(
 ) -> torch.Tensor:
     """The same cut-offs from the top candidates only: token j (in descending order) is kept iff the
     mass strictly above it is below p. Rows whose cut-off lies beyond the candidates try a larger
-    candidate set, and finally the sorted kernel."""
+    candidate set, and finally the sorted kernel. The cut-offs equal the sorted kernel's up to float32
+    rounding of the cumulative mass right at the boundary (both round, in different orders)."""
     vocab_size = logits.shape[1]
     tiers = sorted({min(vocab_size, max(n, max_top_k)) for n in _TOP_P_CANDIDATES})
     values = logits.topk(tiers[0], dim=-1).values
@@ -136,7 +137,8 @@ def apply_top_p_partial(
             need = num_candidates + (p - mass_above[:, -1] - last) / last
             hopeless = beyond & (need > tiers[tier + 1])
             to_sort.append(pending[hopeless])
-            pending = pending[beyond & ~hopeless]
+            beyond &= ~hopeless
+        pending = pending[beyond]
     to_sort.append(pending)
     rows = torch.cat(to_sort)
     if rows.numel():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache
+from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
 from pagedllm.forward_context import set_forward_context
 
 
@@ -26,7 +26,11 @@ class PagedBatch:
         self.block_size = block_size
         # NaN-filled: a read of a slot that was never written poisons the output.
         self.kv_caches = [
-            torch.full((2, num_blocks, block_size, num_kv_heads, head_size), float("nan"), dtype=dtype)
+            torch.full(
+                get_attn_backend().get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
+                float("nan"),
+                dtype=dtype,
+            )
             for _ in range(num_layers)
         ]
         gen = torch.Generator().manual_seed(seed)

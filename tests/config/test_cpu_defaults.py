@@ -40,3 +40,15 @@ def test_scheduler_gets_model_len(tiny_llama_dir) -> None:
     with override_platform("cpu"):
         cfg = EngineConfig(model_config=ModelConfig(model=str(tiny_llama_dir), max_model_len=256))
     assert cfg.scheduler_config.max_model_len == 256
+
+
+def test_pickle_and_deepcopy_keep_the_resolved_config() -> None:
+    # The multiprocess executor sends the config to workers by pickling it.
+    import copy
+    import pickle
+
+    cfg = EngineConfig(model_config=ModelConfig())
+    for clone in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert clone.compute_hash() == cfg.compute_hash()
+        assert clone.model_config.gguf_file == cfg.model_config.gguf_file
+        assert clone.model_config.dtype == torch.float32

@@ -172,3 +172,68 @@ def test_rope_helpers_old_and_new_style() -> None:
     )
     assert rope_parameters(old) == {"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}
     assert derived_max_model_len(old) == (2000, "max_position_embeddings x rope factor 2.0")
+
+
+def _write_gguf(path: Path, arch: str, name: str) -> Path:
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_context_length(1024)
+    writer.add_block_count(2)
+    writer.add_feed_forward_length(128)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_freq_base(1e6)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_vocab_size(300)
+    if arch == "llama":
+        writer.add_rope_dimension_count(16)
+    if arch == "qwen3":
+        writer.add_key_length(32)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_tensor("token_embd.weight", np.zeros((300, 64), dtype=np.float32))
+    writer.add_tensor("output.weight", np.zeros((300, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("arch", "name", "model_type", "architecture"),
+    [
+        ("qwen2", "tiny-qwen2", "qwen2", "Qwen2ForCausalLM"),
+        ("qwen3", "tiny-qwen3", "qwen3", "Qwen3ForCausalLM"),
+        ("llama", "mistral", "mistral", "MistralForCausalLM"),
+    ],
+)
+def test_gguf_other_architectures_match_transformers(
+    tmp_path: Path, arch: str, name: str, model_type: str, architecture: str
+) -> None:
+    from transformers import AutoConfig
+
+    path = _write_gguf(tmp_path / f"{arch}.gguf", arch, name)
+    mc = ModelConfig(model=str(path))
+    assert mc.model_type == model_type and mc.architecture == architecture
+    assert mc.hf_text_config.tie_word_embeddings is False
+    reference = AutoConfig.from_pretrained(tmp_path, gguf_file=path.name).to_dict()
+    ours = mc.hf_config.to_dict()
+    for key in ("architectures", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        reference.pop(key, None)
+        ours.pop(key, None)
+    if arch == "qwen3":
+        # transformers ignores qwen3.attention.key_length (it keeps Qwen3Config's default 128);
+        # pagedllm reads the head size the file states.
+        assert (ours.pop("head_dim"), reference.pop("head_dim")) == (32, 128)
+    assert ours == reference
+
+
+def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
+    path = _write_gguf(tmp_path / "phi.gguf", "phi3", "tiny-phi")
+    with pytest.raises(ValueError, match="GGUF architecture 'phi3' is not supported; supported: llama"):
+        ModelConfig(model=str(path))

@@ -200,6 +200,26 @@ def test_stop_string_across_token_boundaries(smol: PreTrainedTokenizerFast, incl
     assert detok.output_text == streamed == expected
 
 
+@pytest.mark.parametrize("tokenizer_name", ["smol", "sp_byte_fallback"])
+def test_random_stop_strings(tokenizer_name: str, request: pytest.FixtureRequest) -> None:
+    """A stop string drawn from the text cuts it at its first occurrence, whatever the chunking."""
+    tok = request.getfixturevalue(tokenizer_name)
+    rng = random.Random(3)
+    for trial in range(60):
+        output = _encode(tok, rng.choice(TEXTS) + " " + rng.choice(TEXTS))
+        text = _expected(tok, [], output, True)
+        start = rng.randrange(len(text) - 3)
+        stop = text[start : start + rng.randrange(1, 4)]
+        if not stop.strip("\ufffd"):
+            continue
+        include = trial % 2 == 1
+        detok, streamed, found = _run(
+            tok, [], output, SamplingParams(stop=[stop], include_stop_str_in_output=include), 1 + trial % 4
+        )
+        cut = text.find(stop) + (len(stop) if include else 0)
+        assert found == stop and detok.output_text == streamed == text[:cut], (text, stop)
+
+
 def test_earliest_stop_string_wins_and_nothing_half_sent(smol: PreTrainedTokenizerFast) -> None:
     ids = _encode(smol, "alpha beta gamma delta")
     detok = IncrementalDetokenizer(smol, [], SamplingParams(stop=["delta", "beta g"]))

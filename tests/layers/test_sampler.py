@@ -296,3 +296,9 @@ def test_logprobs_modes(mode: str) -> None:
 def test_unknown_logprobs_mode() -> None:
     with pytest.raises(ValueError, match="logprobs_mode='final' is not supported"):
         Sampler(logprobs_mode="final")
+
+
+def test_empty_batch() -> None:
+    md = _metadata([])
+    assert md.all_greedy and not md.all_random
+    assert Sampler()(torch.zeros(0, V), md).sampled_token_ids.shape == (0,)

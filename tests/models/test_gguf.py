@@ -101,14 +101,18 @@ def test_smollm2_greedy_matches_hf(smollm2_gguf: Path, smollm2_reference: tuple)
     hf.tie_weights()
     tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
     prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, return_dict=False
+        )
         for p in PROMPTS
     ]
     eos = int(config.eos_token_id if isinstance(config.eos_token_id, int) else config.eos_token_id[0])
     expected = []
     with torch.no_grad():
         for ids in prompts:
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+            out = hf.generate(
+                torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=eos, pad_token_id=eos
+            )
             expected.append(out[0, len(ids) :].tolist())
     ours = load_model(config, smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
     assert _greedy_paged(ours, prompts, 32, eos) == expected

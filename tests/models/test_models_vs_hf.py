@@ -15,7 +15,9 @@ ATOL = 1e-4
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
-def models(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[PreTrainedModel, torch.nn.Module]:
+def models(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[PreTrainedModel, torch.nn.Module]:
     path = tmp_path_factory.mktemp(request.param)
     hf = make_tiny_model(request.param, path)
     ours = load_model(hf.config, path)
@@ -74,7 +76,13 @@ def test_chunked_prefill(models: tuple[PreTrainedModel, torch.nn.Module]) -> Non
 
 def test_mixed_prefill_and_decode(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
     hf, ours = models
-    seqs = {"dec1": _tokens(21, 4), "chunk": _tokens(37, 5), "fresh": _tokens(9, 6), "one": _tokens(1, 7), "dec2": _tokens(41, 8)}
+    seqs = {
+        "dec1": _tokens(21, 4),
+        "chunk": _tokens(37, 5),
+        "fresh": _tokens(9, 6),
+        "one": _tokens(1, 7),
+        "dec2": _tokens(41, 8),
+    }
     refs = {r: _reference(hf, s) for r, s in seqs.items()}
     batch = PagedBatch.for_model(ours)
     batch.run(ours, [("dec1", seqs["dec1"][:20]), ("chunk", seqs["chunk"][:10]), ("dec2", seqs["dec2"][:40])])
@@ -100,4 +108,3 @@ def test_weights_loaded_once_and_tied(models: tuple[PreTrainedModel, torch.nn.Mo
     else:
         assert ours.lm_head.weight.data_ptr() != ours.model.embed_tokens.weight.data_ptr()
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in ours.parameters())
-

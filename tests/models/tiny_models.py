@@ -36,7 +36,10 @@ _LLAMA3_ROPE = {
     "original_max_position_embeddings": 32,
 }
 VARIANTS: dict[str, tuple[type[PreTrainedModel], Any]] = {
-    "llama-llama3rope": (LlamaForCausalLM, LlamaConfig(**_COMMON, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE)),
+    "llama-llama3rope": (
+        LlamaForCausalLM,
+        LlamaConfig(**_COMMON, rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE),
+    ),
     "llama-tied-linearrope": (
         LlamaForCausalLM,
         LlamaConfig(**_COMMON, tie_word_embeddings=True, rope_scaling={"rope_type": "linear", "factor": 2.0}),

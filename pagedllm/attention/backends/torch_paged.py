@@ -64,6 +64,9 @@ class _PrefillSegment:
 class _Plan:
     decode: _DecodePlan | None
     prefills: list[_PrefillSegment]
+    # Cache block and offset of each new token (from slot_mapping).
+    slot_block: torch.Tensor
+    slot_offset: torch.Tensor
 
 
 def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, device: torch.device) -> _Plan:
@@ -79,8 +82,10 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
         _PrefillSegment(int(i), int(qsl[i]), int(qsl[i + 1]), int(seq[i] - q_lens[i]), int(seq[i]))
         for i in np.flatnonzero(q_lens > 1)
     ]
+    slots = md.slot_mapping[: md.num_actual_tokens]
+    slot_block, slot_offset = slots // block_size, slots % block_size
     if dec.size == 0:
-        return _Plan(None, prefills)
+        return _Plan(None, prefills, slot_block, slot_offset)
     dseq = seq[dec]
     # Blocks wholly outside the sliding window are skipped, not just masked.
     first = np.maximum(dseq - window, 0) // block_size if window is not None else np.zeros_like(dseq)
@@ -105,9 +110,16 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
     contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
     rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
     decode = _DecodePlan(
-        rows, int(dec.size), req_of_block, block_ids, valid, tail, valid.index_select(0, tail), bool((nblk == 1).all())
+        rows,
+        int(dec.size),
+        req_of_block,
+        block_ids,
+        valid,
+        tail,
+        valid.index_select(0, tail),
+        bool((nblk == 1).all()),
     )
-    return _Plan(decode, prefills)
+    return _Plan(decode, prefills, slot_block, slot_offset)
 
 
 class TorchPagedAttentionImpl(AttentionImpl):
@@ -120,44 +132,47 @@ class TorchPagedAttentionImpl(AttentionImpl):
         attn_metadata: AttentionMetadata | None,
     ) -> torch.Tensor:
         if attn_metadata is None:
-            return self._prefill(query, key, value, 0).transpose(0, 1)
+            return self._prefill(query, key.transpose(0, 1), value.transpose(0, 1), 0).transpose(0, 1)
         md = attn_metadata
         n = md.num_actual_tokens
         if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
             raise RuntimeError("attention KV cache is not bound (call pagedllm.attention.bind_kv_cache)")
-        block_size = kv_cache.shape[2]
-        k_cache = kv_cache[0].flatten(0, 1)
-        v_cache = kv_cache[1].flatten(0, 1)
-        # Write first, so the decode path and cached-prefix chunks read this step's keys too.
-        slots = md.slot_mapping[:n]
-        k_cache.index_copy_(0, slots, key[:n].to(kv_cache.dtype))
-        v_cache.index_copy_(0, slots, value[:n].to(kv_cache.dtype))
-
+        block_size = kv_cache.shape[3]
         plan_key = ("torch_paged", block_size, self.sliding_window)
         plan = md.backend_cache.get(plan_key)
         if plan is None:
             plan = _build_plan(md, block_size, self.sliding_window, query.device)
             md.backend_cache[plan_key] = plan
 
+        # Write first, so the decode path and cached-prefix chunks read this step's keys too.
+        # `[num_blocks, block_size, kv_heads, head]` views of the head-major blocks.
+        kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
+        kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
+
         out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
         for seg in plan.prefills:
             q = query[seg.start : seg.end]
             if seg.num_computed == 0:
-                k, v = key[seg.start : seg.end], value[seg.start : seg.end]
+                k, v = key[seg.start : seg.end].transpose(0, 1), value[seg.start : seg.end].transpose(0, 1)
             else:
                 nb = (seg.seq_len + block_size - 1) // block_size
                 blocks = md.block_tables[seg.req, :nb].long()
-                k = kv_cache[0].index_select(0, blocks).flatten(0, 1)[: seg.seq_len]
-                v = kv_cache[1].index_select(0, blocks).flatten(0, 1)[: seg.seq_len]
+                k, v = (self._gather_sequence(kv_cache[i], blocks, seg.seq_len) for i in (0, 1))
             out[seg.start : seg.end] = self._prefill(q, k, v, seg.num_computed).transpose(0, 1)
         if plan.decode is not None:
             self._decode(query, kv_cache, plan.decode, out)
         return out
 
+    @staticmethod
+    def _gather_sequence(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """The first `seq_len` keys (or values) of a request as `[kv_heads, seq_len, head]`."""
+        gathered = cache.index_select(0, blocks)  # [nb, Hkv, bs, D]
+        return gathered.transpose(0, 1).flatten(1, 2)[:, :seq_len]
+
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_computed: int) -> torch.Tensor:
-        """Causal attention of `q` [L, H, D] (positions num_computed..) over `k`/`v` [S, Hkv, D]
+        """Causal attention of `q` [L, H, D] (positions num_computed..) over `k`/`v` [Hkv, S, D]
         (positions 0..S-1); returns [H, L, D]."""
-        q_len, k_len = q.shape[0], k.shape[0]
+        q_len, k_len = q.shape[0], k.shape[1]
         mask = None
         if num_computed > 0 or self.sliding_window is not None:
             q_pos = torch.arange(num_computed, num_computed + q_len, device=q.device).unsqueeze(1)
@@ -167,8 +182,8 @@ class TorchPagedAttentionImpl(AttentionImpl):
                 mask &= k_pos > q_pos - self.sliding_window
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
-            k.transpose(0, 1).unsqueeze(0).to(q.dtype),
-            v.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            k.unsqueeze(0).to(q.dtype),
+            v.unsqueeze(0).to(q.dtype),
             attn_mask=mask,
             is_causal=mask is None,
             scale=self.scale,
@@ -181,10 +196,11 @@ class TorchPagedAttentionImpl(AttentionImpl):
         q = query[: p.num_reqs] if p.rows is None else query.index_select(0, p.rows)
         q = (q * self.scale).view(p.num_reqs, self.num_kv_heads, group, self.head_size)
         qb = q.index_select(0, p.req_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
-        kb = kv_cache[0].index_select(0, p.block_ids).transpose(1, 2)  # [B, Hkv, bs, D]
+        # Head-major blocks: both products below are plain batched GEMMs on the gathered blocks
+        # (the key transpose is a BLAS flag), with no layout copies.
+        kb = kv_cache[0].index_select(0, p.block_ids)  # [B, Hkv, bs, D]
         vb = kv_cache[1].index_select(0, p.block_ids)
-        vb.index_copy_(0, p.tail, vb.index_select(0, p.tail).masked_fill_(~p.tail_valid[:, :, None, None], 0))
-        vb = vb.transpose(1, 2)
+        vb.index_copy_(0, p.tail, vb.index_select(0, p.tail).masked_fill_(~p.tail_valid[:, None, :, None], 0))
         scores = torch.matmul(qb, kb.transpose(-1, -2)).float()  # [B, Hkv, G, bs]
         scores.masked_fill_(~p.valid[:, None, None, :], float("-inf"))
         if p.single_block:

@@ -27,7 +27,9 @@ __all__ = ["ModelLoadError", "get_model", "load_model"]
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
-def _weights(load_format: str, model_path: Path, gguf_file: Path | None) -> Iterator[tuple[str, torch.Tensor]]:
+def _weights(
+    load_format: str, model_path: Path, gguf_file: Path | None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Check the files exist and are readable now, then return the lazy tensor iterator."""
     if load_format == "gguf":
         if gguf_file is None:

@@ -6,7 +6,9 @@ import torch
 from torch import nn
 
 
-def initialize_dummy_weights(model: nn.Module, seed: int | None = 0, low: float = -1e-3, high: float = 1e-3) -> None:
+def initialize_dummy_weights(
+    model: nn.Module, seed: int | None = 0, low: float = -1e-3, high: float = 1e-3
+) -> None:
     """Uniform values in [low, high] for every parameter: small enough that activations stay finite
     through any depth, reproducible for a given seed."""
     generator = torch.Generator(device="cpu").manual_seed(0 if seed is None else seed)

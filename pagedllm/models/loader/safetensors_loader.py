@@ -58,7 +58,9 @@ def safetensors_files(model_dir: Path) -> list[Path]:
         return files
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        others = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(p.name for p in model_dir.glob("*.pt"))
+        others = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
+            p.name for p in model_dir.glob("*.pt")
+        )
         hint = f" (found {', '.join(others)}: PyTorch pickle checkpoints are not supported)" if others else ""
         raise ModelLoadError(f"no *.safetensors weights in {model_dir}{hint}")
     return files
@@ -71,10 +73,14 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], int]:
         with open(path, "rb") as f:
             raw_len = f.read(8)
             if len(raw_len) < 8:
-                raise ModelLoadError(f"{path}: corrupt safetensors file (shorter than its 8-byte header length)")
+                raise ModelLoadError(
+                    f"{path}: corrupt safetensors file (shorter than its 8-byte header length)"
+                )
             (header_len,) = struct.unpack("<Q", raw_len)
             if header_len > min(size - 8, _MAX_HEADER_BYTES):
-                raise ModelLoadError(f"{path}: corrupt safetensors header (header length {header_len} > file)")
+                raise ModelLoadError(
+                    f"{path}: corrupt safetensors header (header length {header_len} > file)"
+                )
             raw = f.read(header_len)
     except OSError as e:
         raise ModelLoadError(f"cannot read {path}: {e.strerror}") from None
@@ -119,7 +125,9 @@ def iterate_safetensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]
                     yield name, torch.empty(shape, dtype=dtype)
                     continue
                 assert mm is not None
-                tensor = torch.frombuffer(mm, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin)
+                tensor = torch.frombuffer(
+                    mm, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=data_start + begin
+                )
                 yield name, tensor.view(shape)
                 del tensor
                 start = (data_start + begin) // _PAGE * _PAGE

@@ -1,0 +1,152 @@
+"""The paged PyTorch backend vs a dense reference, on random mixed batches: decodes, fresh prompts,
+prompt chunks over cached prefixes, GQA, sliding windows, bfloat16, padded token rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from paged_batch import PagedBatch
+from torch import nn
+
+from pagedllm.attention import Attention, AttentionMetadata, bind_kv_cache
+from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl
+from pagedllm.forward_context import set_forward_context
+
+
+def _dense_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float, window: int | None
+) -> torch.Tensor:
+    """q [L, H, D] at positions start.., k/v [S, Hkv, D] at 0..S-1 -> [L, H, D], in float64."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = torch.einsum("lhd,shd->hls", q.double(), k) * scale
+    q_pos = torch.arange(start, start + q.shape[0])[:, None]
+    k_pos = torch.arange(k.shape[0])[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        allowed &= k_pos > q_pos - window
+    probs = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    return torch.einsum("hls,shd->lhd", probs, v)
+
+
+def _run_steps(
+    steps: list[list[tuple[str, int]]],
+    heads: int,
+    kv_heads: int,
+    window: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    pad: int = 0,
+) -> None:
+    head_size = 16
+    scale = head_size**-0.5
+    impl = TorchPagedAttentionImpl(heads, head_size, scale, kv_heads, window)
+    batch = PagedBatch(1, kv_heads, head_size, num_blocks=96, block_size=16, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    history: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    atol = 1e-5 if dtype == torch.float32 else 2e-2
+    for chunks in steps:
+        _, md = batch.metadata(chunks)
+        n = md.num_actual_tokens
+        q = torch.randn(n + pad, heads, head_size, generator=gen).to(dtype)
+        k = torch.randn(n + pad, kv_heads, head_size, generator=gen).to(dtype)
+        v = torch.randn(n + pad, kv_heads, head_size, generator=gen).to(dtype)
+        out = impl.forward(q, k, v, batch.kv_caches[0], md)
+        assert out.shape == q.shape and out.dtype == dtype
+        assert md.query_start_loc_cpu is not None
+        for i, (req, _) in enumerate(chunks):
+            a, b = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
+            old_k, old_v = history.get(req, (k[:0], v[:0]))
+            history[req] = (torch.cat([old_k, k[a:b]]), torch.cat([old_v, v[a:b]]))
+            ref = _dense_reference(q[a:b], *history[req], start=old_k.shape[0], scale=scale, window=window)
+            torch.testing.assert_close(out[a:b].double(), ref, atol=atol, rtol=0)
+        if pad:
+            assert torch.all(out[n:] == 0)
+
+
+MIXED_STEPS = [
+    [("a", 20), ("b", 1), ("c", 37)],
+    [("a", 1), ("b", 1), ("c", 12), ("d", 50)],  # decodes, a chunk with a prefix, a fresh prompt
+    [("d", 1), ("a", 1), ("e", 2), ("c", 1), ("b", 30)],
+    [("a", 1), ("b", 1), ("c", 1), ("d", 1), ("e", 1)],  # pure decode
+    [("e", 17), ("a", 1)],
+]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (6, 1)], ids=["mha", "gqa", "mqa"])
+def test_mixed_batches_match_dense(heads: int, kv_heads: int) -> None:
+    _run_steps(MIXED_STEPS, heads, kv_heads)
+
+
+def test_sliding_window() -> None:
+    _run_steps(MIXED_STEPS + [[("d", 1), ("c", 1)]] * 3, 4, 2, window=21)
+
+
+def test_bfloat16_cache() -> None:
+    _run_steps(MIXED_STEPS, 4, 2, dtype=torch.bfloat16)
+
+
+def test_padded_rows_are_zero() -> None:
+    _run_steps(MIXED_STEPS[:3], 4, 2, pad=5)
+
+
+def test_many_decodes_one_step() -> None:
+    # 40 requests of assorted lengths prefilled, then decoded together (block-segment softmax).
+    lengths = [1 + (7 * i) % 60 for i in range(40)]
+    _run_steps([[(str(i), n) for i, n in enumerate(lengths)], [(str(i), 1) for i in range(40)]], 4, 2)
+
+
+def test_new_keys_written_at_slot_mapping() -> None:
+    impl = TorchPagedAttentionImpl(2, 8, 0.3, 2)
+    batch = PagedBatch(1, 2, 8, num_blocks=8, block_size=4)
+    _, md = batch.metadata([("x", 6)])
+    k, v = torch.randn(6, 2, 8), torch.randn(6, 2, 8)
+    impl.forward(torch.randn(6, 2, 8), k, v, batch.kv_caches[0], md)
+    cache = batch.kv_caches[0]
+    blocks = batch.blocks["x"]
+    for pos in range(6):
+        assert torch.equal(cache[0, blocks[pos // 4], :, pos % 4], k[pos])
+        assert torch.equal(cache[1, blocks[pos // 4], :, pos % 4], v[pos])
+
+
+def test_no_metadata_is_one_causal_sequence_without_cache() -> None:
+    impl = TorchPagedAttentionImpl(4, 16, 0.25, 2)
+    q, k, v = torch.randn(9, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    out = impl.forward(q, k, v, torch.empty(0), None)
+    torch.testing.assert_close(out.double(), _dense_reference(q, k, v, 0, 0.25, None), atol=1e-5, rtol=0)
+
+
+class _TwoLayers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Attention(2, 8, 0.3, 1, prefix="first")
+        self.second = Attention(2, 8, 0.3, 1, prefix="second")
+
+
+def test_bind_kv_cache_by_list_and_name() -> None:
+    model = _TwoLayers()
+    a, b = torch.zeros(2, 4, 1, 16, 8), torch.zeros(2, 4, 1, 16, 8)
+    bind_kv_cache(model, [a, b])
+    assert model.first.kv_cache is a and model.second.kv_cache is b
+    bind_kv_cache(model, {"first": b, "second": a})
+    assert model.first.kv_cache is b and model.second.kv_cache is a
+    with pytest.raises(ValueError, match="1 KV cache tensors for 2 attention layers"):
+        bind_kv_cache(model, [a])
+    with pytest.raises(ValueError, match=r"missing \['second'\]"):
+        bind_kv_cache(model, {"first": a})
+
+
+def test_unbound_cache_is_a_clear_error() -> None:
+    layer = Attention(2, 8, 0.3, 1)
+    md = AttentionMetadata(
+        num_actual_tokens=1,
+        num_reqs=1,
+        query_start_loc=torch.tensor([0, 1], dtype=torch.int32),
+        seq_lens=torch.tensor([1], dtype=torch.int32),
+        num_computed_tokens=torch.tensor([0], dtype=torch.int32),
+        block_tables=torch.zeros(1, 1, dtype=torch.int32),
+        slot_mapping=torch.zeros(1, dtype=torch.int64),
+        max_query_len=1,
+        max_seq_len=1,
+    )
+    with set_forward_context(md), pytest.raises(RuntimeError, match="not bound"):
+        layer(torch.randn(1, 16), torch.randn(1, 8), torch.randn(1, 8))

@@ -1,0 +1,132 @@
+"""Layers vs their transformers counterparts (norm, rotary incl. llama3/linear scaling, activation)
+and the merged linears' shard loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.embedding import LogitsProcessor, ParallelLMHead, VocabParallelEmbedding
+from pagedllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedllm.layers.norm import RMSNorm
+from pagedllm.layers.rotary import get_rope, rope_parameters_from_config
+
+
+def test_rmsnorm_matches_hf_and_fuses_residual() -> None:
+    torch.manual_seed(0)
+    ours, ref = RMSNorm(64, eps=1e-5), LlamaRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ref.weight.copy_(ours.weight)
+    x, residual = torch.randn(7, 64), torch.randn(7, 64)
+    torch.testing.assert_close(ours(x), ref(x), atol=1e-6, rtol=0)
+    normed, new_residual = ours(x, residual)
+    torch.testing.assert_close(new_residual, x + residual, atol=0, rtol=0)
+    torch.testing.assert_close(normed, ref(x + residual), atol=1e-6, rtol=0)
+
+
+def test_silu_and_mul() -> None:
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(SiluAndMul()(x), F.silu(x[:, :8]) * x[:, 8:])
+
+
+ROPES = {
+    "default": None,
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_rotary_matches_hf(kind: str) -> None:
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        rope_theta=50000.0,
+        rope_scaling=ROPES[kind],
+    )
+    theta, scaling = rope_parameters_from_config(config)
+    assert theta == 50000.0 and (scaling is None) == (kind == "default")
+    rope = get_rope(64, 512, theta, scaling)
+    positions = torch.tensor([0, 1, 5, 63, 64, 200, 511])
+    q, k = torch.randn(7, 2 * 64), torch.randn(7, 64)
+    got_q, got_k = rope(positions, q, k)
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    ref_q, ref_k = apply_rotary_pos_emb(
+        q.view(1, 7, 2, 64).transpose(1, 2), k.view(1, 7, 1, 64).transpose(1, 2), cos, sin
+    )
+    torch.testing.assert_close(got_q, ref_q.transpose(1, 2).reshape(7, -1), atol=1e-5, rtol=0)
+    torch.testing.assert_close(got_k, ref_k.transpose(1, 2).reshape(7, -1), atol=1e-5, rtol=0)
+
+
+def test_rope_parameters_old_style_config() -> None:
+    class Old:
+        rope_theta = 1234.0
+        rope_scaling = {"type": "linear", "factor": 2.0}
+
+    assert rope_parameters_from_config(Old()) == (
+        1234.0,
+        {"type": "linear", "factor": 2.0, "rope_type": "linear"},
+    )
+
+
+def test_unsupported_rope_type() -> None:
+    with pytest.raises(ValueError, match="rope_scaling type 'dynamic' is not supported"):
+        get_rope(64, 128, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+
+
+def test_qkv_and_gate_up_shard_loading() -> None:
+    qkv = QKVParallelLinear(16, head_size=4, total_num_heads=4, total_num_kv_heads=2, bias=True)
+    q, k, v = torch.randn(16, 16), torch.randn(8, 16), torch.randn(8, 16)
+    qb, kb, vb = torch.randn(16), torch.randn(8), torch.randn(8)
+    for shard, w, b in (("k", k, kb), ("v", v, vb), ("q", q, qb)):
+        qkv.weight_loader(qkv.weight, w, shard)
+        qkv.weight_loader(qkv.bias, b, shard)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(
+        qkv(x), torch.cat([F.linear(x, q, qb), F.linear(x, k, kb), F.linear(x, v, vb)], -1)
+    )
+    with pytest.raises(ValueError, match="does not match"):
+        qkv.weight_loader(qkv.weight, torch.randn(9, 16), "k")
+
+    gate_up = MergedColumnParallelLinear(16, [32, 32])
+    g, u = torch.randn(32, 16), torch.randn(32, 16)
+    gate_up.weight_loader(gate_up.weight, u, 1)
+    gate_up.weight_loader(gate_up.weight, g, 0)
+    torch.testing.assert_close(gate_up(x), torch.cat([F.linear(x, g), F.linear(x, u)], -1))
+
+    down = RowParallelLinear(32, 16)
+    d = torch.randn(16, 32)
+    down.weight_loader(down.weight, d)
+    torch.testing.assert_close(down(torch.ones(2, 32)), F.linear(torch.ones(2, 32), d))
+
+
+def test_tensor_parallel_is_rejected() -> None:
+    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2"):
+        QKVParallelLinear(16, 4, 4, tp_size=2)
+
+
+def test_embedding_and_lm_head_logits_float32() -> None:
+    embed = VocabParallelEmbedding(50, 8).to(torch.bfloat16)
+    head = ParallelLMHead(50, 8)
+    head.tie_weights(embed)
+    with torch.no_grad():
+        embed.weight.normal_()
+    ids = torch.tensor([3, 7, 49])
+    hidden = embed(ids)
+    torch.testing.assert_close(hidden, embed.weight[ids])
+    logits = LogitsProcessor()(head, hidden)
+    assert logits.dtype == torch.float32 and logits.shape == (3, 50)
+    torch.testing.assert_close(logits, (hidden @ embed.weight.T).float())
