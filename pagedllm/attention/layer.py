@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -9,6 +10,25 @@ from torch import nn
 
 from pagedllm.attention.selector import get_attn_backend
 from pagedllm.forward_context import get_forward_context
+
+# Attention layers by unique id, for the custom op below (weak: models may come and go in a process).
+_LAYERS: weakref.WeakValueDictionary[str, Attention] = weakref.WeakValueDictionary()
+
+
+@torch.library.custom_op("pagedllm::unified_attention", mutates_args=())
+def unified_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_id: str
+) -> torch.Tensor:
+    """One layer's attention as an opaque op for torch.compile: the backend's host-side planning
+    and per-request loop stay out of the traced graph (no graph break), and the metadata is read
+    from the forward context at run time. Writes the layer's KV cache as a side effect."""
+    layer = _LAYERS[layer_id]
+    return layer.impl.forward(query, key, value, layer.kv_cache, get_forward_context().attn_metadata)
+
+
+@unified_attention.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_id: str) -> torch.Tensor:
+    return torch.empty_like(query)
 
 
 class Attention(nn.Module):
@@ -37,19 +57,21 @@ class Attention(nn.Module):
             num_heads, head_size, scale, self.num_kv_heads, sliding_window
         )
         self.kv_cache = torch.empty(0)
+        self.layer_id = f"{prefix}#{id(self)}"
+        _LAYERS[self.layer_id] = self
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """`query` [T, num_heads * head_size], `key`/`value` [T, num_kv_heads * head_size] ->
         [T, num_heads * head_size]."""
-        md = get_forward_context().attn_metadata
         num_tokens = query.shape[0]
-        out = self.impl.forward(
-            query.view(num_tokens, self.num_heads, self.head_size),
-            key.view(num_tokens, self.num_kv_heads, self.head_size),
-            value.view(num_tokens, self.num_kv_heads, self.head_size),
-            self.kv_cache,
-            md,
-        )
+        q = query.view(num_tokens, self.num_heads, self.head_size)
+        k = key.view(num_tokens, self.num_kv_heads, self.head_size)
+        v = value.view(num_tokens, self.num_kv_heads, self.head_size)
+        if torch.compiler.is_compiling():
+            out = torch.ops.pagedllm.unified_attention(q, k, v, self.layer_id)
+        else:
+            # Eager: call the backend directly, skipping the op dispatcher's overhead.
+            out = self.impl.forward(q, k, v, self.kv_cache, get_forward_context().attn_metadata)
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:

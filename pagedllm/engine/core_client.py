@@ -114,12 +114,15 @@ class AsyncMPClient:
 
     # --------------------------------------------------------------------------- death detection
     def _monitor(self, loop: asyncio.AbstractEventLoop) -> None:
-        # Wait on the sentinel rather than join(): only shutdown() reaps the child, so two threads never
-        # race in waitpid.
+        # Wait on the sentinel rather than join(): shutdown() joins the child too, and it sets _closed
+        # first, so the two threads do not both wait on it.
         multiprocessing.connection.wait([self.process.sentinel])
         if self._closed:
             return
-        message = f"The engine core process died unexpectedly (exit code {self.process.exitcode})"
+        self.process.join(1)
+        code = self.process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        message = f"The engine core process died unexpectedly ({how})"
         with contextlib.suppress(RuntimeError):  # the loop may already be closed
             loop.call_soon_threadsafe(self._mark_dead, message)
 

@@ -191,8 +191,8 @@ class ModelRunner:
         del hidden, logits
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate one `[2, num_blocks, block_size, num_kv_heads, head_size]` tensor per attention
-        layer and bind it. Zero-filled: masked cache slots must never hold NaN/inf (0 * NaN = NaN in
+        """Allocate one tensor per attention layer (shape from the backend's `get_kv_cache_shape`)
+        and bind it. Zero-filled: masked cache slots must never hold NaN/inf (0 * NaN = NaN in
         the attention's value product)."""
         model = self._require_model()
         spec = self.get_kv_cache_spec()

@@ -21,7 +21,7 @@ PROMPTS = [
     [7 * i % 256 for i in range(1, 41)],
     [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 11, 12, 13, 14, 15, 16, 17],
 ]
-MAX_TOKENS = 10
+MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +62,8 @@ def run_to_completion(core: EngineCore, max_steps: int = 500) -> tuple[dict[str,
     "cache",
     [
         {"kv_cache_memory_bytes": 2**20},
-        # 12 blocks for 4 requests of up to 50 tokens (4 blocks each): forces preemption and resume.
-        {"num_gpu_blocks_override": 12},
+        # 8 blocks (the minimum for max_model_len=128) for requests needing 16 in all: forces preemption.
+        {"num_gpu_blocks_override": 8},
         {"num_gpu_blocks_override": 64, "enable_prefix_caching": False},
     ],
 )
@@ -75,9 +75,27 @@ def test_greedy_matches_hf(
     try:
         for i, p in enumerate(PROMPTS):
             core.add_request(request(str(i), p))
-        tokens, finish, _ = run_to_completion(core)
+        tokens, finish, outputs = run_to_completion(core)
         assert tokens == {str(i): t for i, t in enumerate(hf_tokens)}
         assert finish == {str(i): FinishReason.LENGTH for i in range(len(PROMPTS))}
+        preemptions = sum(o.scheduler_stats.num_preemptions for o in outputs if o.scheduler_stats)
+        assert (preemptions > 0) == (cache.get("num_gpu_blocks_override") == 8)
+    finally:
+        core.shutdown()
+
+
+def test_prefix_cache_hits_give_the_same_tokens(model_dir: Path) -> None:
+    shared = PROMPTS[2][:32]  # two full blocks
+    prompts = [shared + [1, 2, 3], shared + [200, 201]]
+    want = [hf_greedy(model_dir, p, MAX_TOKENS) for p in prompts]
+    core = EngineCore(make_config(model_dir, num_gpu_blocks_override=32))
+    try:
+        core.add_request(request("first", prompts[0]))
+        first, _, _ = run_to_completion(core)
+        core.add_request(request("second", prompts[1]))
+        second, _, outputs = run_to_completion(core)
+        assert [first["first"], second["second"]] == want
+        assert sum(o.scheduler_stats.prefix_cache_hits for o in outputs if o.scheduler_stats) == 32
     finally:
         core.shutdown()
 
@@ -153,7 +171,8 @@ def test_smollm2_chat_prompts_match_hf(smollm2_gguf: Path) -> None:
         )
         for q in questions
     ]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    # transformers 5 returns a BatchEncoding here, older versions a list.
+    prompts = [list(p) if isinstance(p, list) else list(p["input_ids"]) for p in prompts]
     n = 32
     cfg = EngineConfig(model_config=ModelConfig(model=str(smollm2_gguf), dtype="float32", max_model_len=256))
     cfg.cache_config.kv_cache_memory_bytes = 64 * 2**20

@@ -169,3 +169,50 @@ def test_tokenizer_and_prefix_cache(engine: LLMEngine, tokenizer: Any) -> None:
     assert engine.get_tokenizer() is tokenizer
     assert engine.reset_prefix_cache() is True
     assert engine.engine_core.prefix_cache_resets == 1  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def real_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+    from e2e.tiny_llm import make_tiny_llm
+
+    from pagedllm.config.args import EngineArgs
+
+    model_dir = make_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
+    args = EngineArgs(
+        model=str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, optimization_level=0
+    )
+    return LLMEngine.from_engine_args(args)
+
+
+def test_real_core_streams_each_output_kind(real_engine: LLMEngine) -> None:
+    params = {
+        kind: SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, output_kind=kind)
+        for kind in RequestOutputKind
+    }
+    for kind, p in params.items():
+        real_engine.add_request(kind.name, "The quick brown fox", p)
+    seen: dict[str, list[RequestOutput]] = {kind.name: [] for kind in RequestOutputKind}
+    while real_engine.has_unfinished_requests():
+        for output in real_engine.step():
+            seen[output.request_id].append(output)
+    final = seen["FINAL_ONLY"]
+    assert len(final) == 1 and final[0].finished
+    tokens, text = final[0].outputs[0].token_ids, final[0].outputs[0].text
+    assert len(tokens) == 6
+    cumulative = seen["CUMULATIVE"]
+    assert [len(o.outputs[0].token_ids) for o in cumulative] == list(range(1, 7))
+    assert cumulative[-1].outputs[0].token_ids == tokens and cumulative[-1].outputs[0].text == text
+    delta = seen["DELTA"]
+    assert [t for o in delta for t in o.outputs[0].token_ids] == tokens
+    assert "".join(o.outputs[0].text for o in delta) == text
+
+
+def test_real_core_abort_frees_the_request(real_engine: LLMEngine) -> None:
+    real_engine.add_request("long", "Hello", SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    real_engine.step()
+    real_engine.step()
+    real_engine.abort_request("long")
+    assert not real_engine.has_unfinished_requests()
+    # The core drops it too: its next step has nothing to run.
+    real_engine.step()
+    assert not real_engine.engine_core.has_unfinished_requests()

@@ -83,7 +83,8 @@ class RemoteServer:
         raise RuntimeError(f"server did not become healthy in {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
 
     def engine_process(self) -> psutil.Process:
-        [engine] = [p for p in self.children if p.is_running() and "python" in p.name().lower()]
+        # multiprocessing's spawn child (its resource tracker is another child, started differently).
+        [engine] = [p for p in self.children if p.is_running() and "spawn_main" in " ".join(p.cmdline())]
         return engine
 
     def send_signal(self, sig: int) -> None:

@@ -9,6 +9,7 @@ from attention.paged_batch import PagedBatch
 from tiny_models import VARIANTS, make_tiny_model
 from transformers import PreTrainedModel
 
+from pagedllm.forward_context import set_forward_context
 from pagedllm.models import load_model
 
 ATOL = 1e-4
@@ -108,3 +109,22 @@ def test_weights_loaded_once_and_tied(models: tuple[PreTrainedModel, torch.nn.Mo
     else:
         assert ours.lm_head.weight.data_ptr() != ours.model.embed_tokens.weight.data_ptr()
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in ours.parameters())
+
+
+def test_forward_traces_as_one_graph(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    """torch.compile sees the whole forward with no graph break (attention is an opaque custom op),
+    and the traced model gives the eager logits on mixed steps."""
+    hf, ours = models
+    compiled = torch.compile(ours, backend="eager", fullgraph=True, dynamic=True)
+    prompt = _tokens(30, 9)
+    ref = _reference(hf, prompt)
+    batch = PagedBatch.for_model(ours)
+    for chunks in ([("x", prompt[:13]), ("y", prompt[:3])], [("x", prompt[13:14]), ("y", prompt[3:20])]):
+        positions, md = batch.metadata([(r, len(t)) for r, t in chunks])
+        ids = torch.tensor([t for _, toks in chunks for t in toks])
+        with torch.no_grad(), set_forward_context(md):
+            logits = ours.compute_logits(compiled(ids, positions))
+        assert md.query_start_loc_cpu is not None
+        a, b = md.query_start_loc_cpu[0], md.query_start_loc_cpu[1]
+        start = positions[a].item()
+        _check(logits[a:b], ref[start : start + b - a])

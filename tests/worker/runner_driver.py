@@ -50,7 +50,11 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[i
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    ids = torch.tensor([prompt])
+    # An explicit mask: without one HF masks every prompt token equal to pad_token_id.
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+    )
     tokens = out[0, len(prompt) :].tolist()
     assert len(tokens) == max_new_tokens, "the reference stopped early"
     return tokens

@@ -174,7 +174,8 @@ def test_kv_cache_layout_and_budget(model_dir: Path) -> None:
     assert spec.num_layers == 2 and spec.bytes_per_block == 2 * 2 * 16 * 2 * 16 * 4
     assert runner.determine_available_kv_cache_bytes() == 3 * 2**20
     runner.initialize_kv_cache(10)
-    assert [tuple(c.shape) for c in runner.kv_caches] == [(2, 10, 16, 2, 16)] * 2
+    # The attention backend's layout (torch backend: [2, num_blocks, kv_heads, block_size, head]).
+    assert [tuple(c.shape) for c in runner.kv_caches] == [(2, 10, 2, 16, 16)] * 2
     assert all(c.dtype == torch.float32 and not c.any() for c in runner.kv_caches)
 
 

@@ -10,7 +10,7 @@ from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
 from pagedllm.entrypoints.chat_utils import apply_chat_template
-from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -31,6 +31,7 @@ from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
     engine_dead_error,
     merge_streams,
+    param_of_engine_error,
     sse,
     sse_error,
     start_requests,
@@ -39,6 +40,7 @@ from pagedllm.outputs import CompletionOutput, Logprob
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
+PROMPT_PARAM = "messages"
 _PARAMS = list(ChatCompletionRequest.model_fields)
 
 
@@ -120,7 +122,7 @@ class OpenAIServingChat:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
         text, token_ids = render_chat_prompt(
             self.engine.tokenizer,
             request.messages,
@@ -168,7 +170,7 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
         assert final is not None and final.finished
         choices = [
             ChatCompletionResponseChoice(
@@ -232,5 +234,5 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
-            yield sse_error(OpenAIError(str(e), param=guess_param(str(e), _PARAMS)))
+            yield sse_error(OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)))
         yield SSE_DONE

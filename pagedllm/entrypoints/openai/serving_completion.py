@@ -9,7 +9,7 @@ from typing import Any
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
-from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -24,6 +24,7 @@ from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
     engine_dead_error,
     merge_streams,
+    param_of_engine_error,
     sse,
     sse_error,
     start_requests,
@@ -32,6 +33,7 @@ from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
+PROMPT_PARAM = "prompt"
 _PARAMS = list(CompletionRequest.model_fields)
 
 
@@ -97,13 +99,13 @@ class OpenAIServingCompletion:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
         prompts = _prompts(request.prompt)
         request_id = random_id("cmpl")
         if self.log_requests:
             logger.info("Received request %s: %d prompt(s), params %s", request_id, len(prompts), params)
         streams = await start_requests(
-            self.engine, request_id, prompts, params, request.priority, _PARAMS, "prompt"
+            self.engine, request_id, prompts, params, request.priority, _PARAMS, PROMPT_PARAM
         )
         if request.stream:
             return self._stream(request, request_id, model, streams)
@@ -124,7 +126,7 @@ class OpenAIServingCompletion:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            raise OpenAIError(str(e), param=guess_param(str(e), _PARAMS)) from e
+            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
         choices: list[CompletionResponseChoice] = []
         usage = UsageInfo()
         for prompt_index, final in enumerate(finals):
@@ -197,7 +199,7 @@ class OpenAIServingCompletion:
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
-            yield sse_error(OpenAIError(str(e), param=guess_param(str(e), _PARAMS)))
+            yield sse_error(OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)))
         yield SSE_DONE
 
 

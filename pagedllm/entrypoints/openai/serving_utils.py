@@ -23,6 +23,16 @@ def engine_dead_error(e: EngineDeadError) -> OpenAIError:
     return OpenAIError(str(e), status=HTTPStatus.SERVICE_UNAVAILABLE, err_type="EngineDeadError")
 
 
+def param_of_engine_error(message: str, param_names: list[str], prompt_param: str) -> str | None:
+    """The request field an InputProcessor/SamplingParams error is about."""
+    lowered = message.lower()
+    # Prompt errors ("The prompt has 600 tokens, but the maximum model length ...") name the model in
+    # passing; they are about the prompt (or, for chat, the messages).
+    if lowered.startswith("the prompt") or "prompt_token_ids" in lowered or "prompt must" in lowered:
+        return prompt_param
+    return guess_param(message, [p for p in param_names if p not in ("model", "prompt", "messages")])
+
+
 async def start_requests(
     engine: AsyncLLM,
     request_id: str,
@@ -42,10 +52,7 @@ async def start_requests(
         for stream in streams:
             stream.abort()
         message = str(e)
-        param = guess_param(message, param_names)
-        if param is None and "prompt" in message.lower():
-            param = prompt_param
-        raise OpenAIError(message, param=param) from e
+        raise OpenAIError(message, param=param_of_engine_error(message, param_names, prompt_param)) from e
     except EngineDeadError as e:
         for stream in streams:
             stream.abort()

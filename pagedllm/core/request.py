@@ -1,0 +1,142 @@
+"""The engine core's view of one request: its tokens, progress through the KV cache, and status."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pagedllm.engine.protocol import FinishReason
+from pagedllm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedllm.core.hashing import BlockHash
+    from pagedllm.engine.protocol import EngineCoreRequest
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    # Everything after PREEMPTED is a finished state (see `is_finished`).
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+    FINISHED_IGNORED = enum.auto()
+
+    @staticmethod
+    def is_finished(status: RequestStatus) -> bool:
+        return status > RequestStatus.PREEMPTED
+
+    @staticmethod
+    def get_finished_reason(status: RequestStatus) -> FinishReason | None:
+        return _FINISHED_REASONS.get(status)
+
+
+_FINISHED_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+    # Ignored requests never started (e.g. they could not fit); the user sees a length finish.
+    RequestStatus.FINISHED_IGNORED: FinishReason.LENGTH,
+}
+
+
+class Request:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None,
+        arrival_time: float = 0.0,
+        priority: int = 0,
+        lora_int_id: int = 0,
+        block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+    ) -> None:
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r} has an empty prompt")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.lora_int_id = lora_int_id
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        # A concrete max_tokens is set by the front-end; None (or unset) means "up to max_model_len",
+        # which the scheduler enforces separately.
+        max_tokens = sampling_params.max_tokens
+        self.max_tokens: int | None = max_tokens if isinstance(max_tokens, int) else None
+        # Looked up once per sampled token: a frozenset, not the params' list.
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids or ())
+
+        self.output_token_ids: list[int] = []
+        # Prompt then output tokens; appended to in place (never rebuilt) so decoding stays O(1).
+        self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        # Tokens whose KV is in the cache (or scheduled to be, once `schedule()` returned).
+        self.num_computed_tokens = 0
+        # Prompt tokens served from the prefix cache when first scheduled (-1: not scheduled yet).
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+
+        self._block_hasher = block_hasher
+        self.block_hashes: list[BlockHash] = []
+        if block_hasher is not None:
+            self.block_hashes.extend(block_hasher(self))
+
+    @classmethod
+    def from_engine_core_request(
+        cls, request: EngineCoreRequest, block_hasher: Callable[[Request], list[BlockHash]] | None
+    ) -> Request:
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+            priority=request.priority,
+            lora_int_id=request.lora_int_id,
+            block_hasher=block_hasher,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def append_output_token_ids(self, token_ids: int | list[int]) -> None:
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
+        self.output_token_ids.extend(token_ids)
+        self.all_token_ids.extend(token_ids)
+        if self._block_hasher is not None:
+            # Output tokens fill blocks too: hashing them lets a preempted request (and a follow-up
+            # turn of a conversation) hit its own earlier output in the prefix cache.
+            self.block_hashes.extend(self._block_hasher(self))
+
+    def is_finished(self) -> bool:
+        return RequestStatus.is_finished(self.status)
+
+    def get_finished_reason(self) -> FinishReason | None:
+        return RequestStatus.get_finished_reason(self.status)
+
+    def __lt__(self, other: Request) -> bool:
+        """Admission order of the "priority" policy: lower priority value first, then earlier arrival
+        (request id breaks exact ties so the heap order is total)."""
+        return (self.priority, self.arrival_time, self.request_id) < (
+            other.priority,
+            other.arrival_time,
+            other.request_id,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

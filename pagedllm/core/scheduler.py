@@ -1,0 +1,374 @@
+"""The continuous-batching scheduler (vLLM V1 style: no prefill or decode phases).
+
+Each step has one token budget (`max_num_batched_tokens`) and a sequence limit (`max_num_seqs`). Every
+request's `num_computed_tokens` catches up with its `num_tokens`: a running request in decode needs one
+token, one mid-prompt needs the rest of its prompt, chunked to what the budget allows. Running requests
+are served first (so a long new prompt never starves decodes), then waiting ones are admitted in policy
+order. When the KV cache runs out, running requests are preempted by recompute: their blocks are freed
+and they go back to the front of the waiting queue, to be resumed later (prefix-cache hits on their own
+earlier blocks then make the recompute cheap).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pagedllm.core.kv_cache_manager import KVCacheManager
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+
+logger = logging.getLogger("pagedllm.core")
+
+
+class RequestQueue:
+    """Waiting requests. fcfs: a deque in arrival order (preempted requests re-enter at the front);
+    priority: a heap on (priority, arrival_time)."""
+
+    def __init__(self, policy: str) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling policy {policy!r} is not supported; use 'fcfs' or 'priority'")
+        self.policy = policy
+        self._deque: deque[Request] = deque()
+        self._heap: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        if self.policy == "fcfs":
+            self._deque.append(request)
+        else:
+            heapq.heappush(self._heap, request)
+
+    def prepend(self, request: Request) -> None:
+        """A preempted request: first in line under fcfs; under priority its rank decides anyway."""
+        if self.policy == "fcfs":
+            self._deque.appendleft(request)
+        else:
+            heapq.heappush(self._heap, request)
+
+    def peek(self) -> Request:
+        return self._deque[0] if self.policy == "fcfs" else self._heap[0]
+
+    def pop(self) -> Request:
+        return self._deque.popleft() if self.policy == "fcfs" else heapq.heappop(self._heap)
+
+    def remove_many(self, requests: set[Request]) -> None:
+        if self.policy == "fcfs":
+            self._deque = deque(r for r in self._deque if r not in requests)
+        else:
+            self._heap = [r for r in self._heap if r not in requests]
+            heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._deque) if self.policy == "fcfs" else len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._deque) if self.policy == "fcfs" else iter(sorted(self._heap))
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: Any,
+        cache_config: Any,
+        num_blocks: int,
+        max_model_len: int,
+        log_stats: bool = True,
+    ) -> None:
+        self.max_num_seqs: int = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens: int = scheduler_config.max_num_batched_tokens
+        self.enable_chunked_prefill: bool = scheduler_config.enable_chunked_prefill
+        self.long_prefill_token_threshold: int = scheduler_config.long_prefill_token_threshold or 0
+        self.policy: str = scheduler_config.policy
+        self.max_model_len = max_model_len
+        self.block_size: int = cache_config.block_size
+        self.log_stats = log_stats
+        if num_blocks * self.block_size < max_model_len:
+            # Otherwise a lone request could outgrow the cache with nothing left to preempt.
+            raise ValueError(
+                f"the KV cache holds {num_blocks} blocks of {self.block_size} tokens, fewer than one "
+                f"max_model_len={max_model_len} sequence needs ({-(-max_model_len // self.block_size)})"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len={max_model_len} "
+                "with chunked prefill disabled: a long prompt could never be scheduled"
+            )
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks, self.block_size, max_model_len, enable_caching=cache_config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting = RequestQueue(self.policy)
+        # Admission order; fcfs preempts from the end.
+        self.running: list[Request] = []
+        # Finished since the last schedule(): the runner drops their state on the next step.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---------------------------------------------------------------------------------- requests
+    def add_request(self, request: Request) -> None:
+        n = request.num_prompt_tokens
+        if n + 1 > self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: the prompt has {n} tokens, but max_model_len="
+                f"{self.max_model_len} leaves room for at most {self.max_model_len - 1} prompt tokens "
+                "(at least one token must be generated)"
+            )
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
+        """Finish requests from outside (abort); unknown or already finished ids are ignored."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"{finished_status.name} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        running: set[Request] = set()
+        waiting: set[Request] = set()
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            (running if request.status == RequestStatus.RUNNING else waiting).add(request)
+            request.status = finished_status
+            self._free_request(request)
+        # One pass over each queue, however many requests are aborted.
+        if running:
+            self.running = [r for r in self.running if r not in running]
+        if waiting:
+            self.waiting.remove_many(waiting)
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    # ---------------------------------------------------------------------------------- schedule
+    def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
+        n = request.num_tokens - num_computed
+        if 0 < self.long_prefill_token_threshold < n:
+            n = self.long_prefill_token_threshold
+        return min(n, token_budget)
+
+    def _pick_victim(self) -> Request:
+        if self.policy == "priority":
+            # Worst (priority, arrival) first: the reverse of the admission order.
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.request_id))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    def schedule(self) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        token_budget = self.max_num_batched_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        scheduled_running: list[Request] = []
+        preempted: list[Request] = []
+
+        # Running requests first, in admission order.
+        i = 0
+        while i < len(self.running) and token_budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens(request, request.num_computed_tokens, token_budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._pick_victim()
+                victim_index = self.running.index(victim)
+                self.running.pop(victim_index)
+                if victim.request_id in num_scheduled_tokens:
+                    # Scheduled earlier in this step (possible under the priority policy): undo it.
+                    token_budget += num_scheduled_tokens.pop(victim.request_id)
+                    new_block_ids.pop(victim.request_id, None)
+                    scheduled_running.remove(victim)
+                if victim_index < i:
+                    i -= 1
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                continue  # `request` itself was preempted; running[i] is now the next one
+            num_scheduled_tokens[request.request_id] = num_new
+            new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            scheduled_running.append(request)
+            token_budget -= num_new
+            i += 1
+
+        # Then waiting requests, unless this step had to preempt (the cache is full: admitting now would
+        # only preempt again).
+        scheduled_new: list[Request] = []
+        if not preempted:
+            scheduled_new = self._schedule_waiting(token_budget, num_scheduled_tokens)
+
+        # Build the output from the state before this step, then advance num_computed_tokens (the
+        # tokens are in flight; the next schedule() treats them as computed).
+        new_reqs = [
+            NewRequestData(
+                req_id=r.request_id,
+                token_ids=list(r.all_token_ids),
+                num_prompt_tokens=r.num_prompt_tokens,
+                sampling_params=r.sampling_params,
+                block_ids=kv.get_block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+                lora_int_id=r.lora_int_id,
+            )
+            for r in scheduled_new
+        ]
+        cached = CachedRequestData(
+            req_ids=[r.request_id for r in scheduled_running],
+            new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
+            num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
+        )
+        for r in scheduled_running:
+            r.num_computed_tokens += num_scheduled_tokens[r.request_id]
+        for r in scheduled_new:
+            r.num_computed_tokens += num_scheduled_tokens[r.request_id]
+
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in preempted},
+        )
+        self.finished_req_ids = set()
+        return output
+
+    def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int]) -> list[Request]:
+        """Admit waiting (and preempted) requests in policy order while budget, seats and blocks last.
+        Stops at the first request that does not fit, so no request is overtaken by a later one."""
+        kv = self.kv_cache_manager
+        scheduled: list[Request] = []
+        while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting.peek()
+            computed_blocks, num_hit = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if not self.enable_chunked_prefill and num_new > token_budget:
+                break  # the whole prompt must run in one step: wait for a step with room
+            num_new = self._num_new_tokens(request, num_hit, token_budget)
+            new_blocks = kv.allocate_slots(request, num_new, num_hit, computed_blocks)
+            if new_blocks is None:
+                break
+            self.waiting.pop()
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            kv.record_prefix_cache_lookup(request.num_tokens, num_hit)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            self.running.append(request)
+            scheduled.append(request)
+            num_scheduled_tokens[request.request_id] = num_new
+            token_budget -= num_new
+        return scheduled
+
+    # ---------------------------------------------------------------------------------- outputs
+    def _check_stop(self, request: Request) -> bool:
+        """After a token was appended: set the finished status and return True if the request ends."""
+        params = request.sampling_params
+        if request.num_output_tokens >= params.min_tokens:
+            last = request.output_token_ids[-1]
+            if last == request.eos_token_id and not params.ignore_eos:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if last in request.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = last
+                return True
+        # max_model_len wins over min_tokens: the sequence cannot grow past it.
+        max_tokens = request.max_tokens
+        if request.num_tokens >= self.max_model_len or (
+            max_tokens is not None and request.num_output_tokens >= max_tokens
+        ):
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        outputs: list[EngineCoreOutput] = []
+        index = model_runner_output.req_id_to_index
+        sampled = model_runner_output.sampled_token_ids
+        logprobs = model_runner_output.logprobs
+        prompt_logprobs = model_runner_output.prompt_logprobs
+        any_stopped = False
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue  # aborted after it was scheduled
+            i = index.get(req_id)
+            generated = sampled[i] if i is not None else []
+            new_token_ids: list[int] = []
+            stopped = False
+            for token_id in generated:
+                request.append_output_token_ids(token_id)
+                new_token_ids.append(token_id)
+                if self._check_stop(request):
+                    stopped = True
+                    break
+            req_prompt_logprobs = prompt_logprobs.get(req_id)
+            if not (new_token_ids or req_prompt_logprobs is not None):
+                continue  # mid-prefill chunk: nothing to report
+            # A request with new tokens was in the runner's output, so `i` is set.
+            new_logprobs = logprobs[i] if new_token_ids and i is not None and i < len(logprobs) else None
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_token_ids,
+                    new_logprobs=new_logprobs,
+                    new_prompt_logprobs=req_prompt_logprobs,
+                    finish_reason=request.get_finished_reason(),
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+            if stopped:
+                any_stopped = True
+                self._free_request(request)
+        if any_stopped:
+            self.running = [r for r in self.running if not r.is_finished()]
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    def make_stats(self) -> SchedulerStats | None:
+        """Queue lengths and cache usage now; prefix-cache counts and preemptions since the last call."""
+        if not self.log_stats:
+            return None
+        queries, hits = self.kv_cache_manager.take_prefix_cache_stats()
+        num_preemptions, self.num_preemptions = self.num_preemptions, 0
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            num_preemptions=num_preemptions,
+        )
