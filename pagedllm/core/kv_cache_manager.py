@@ -46,7 +46,7 @@ class KVCacheManager:
         computes those only for the positions it runs)."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
-        max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
+        max_hit_blocks = min((request.num_tokens) // self.block_size, len(request.block_hashes))
         hits: list[KVCacheBlock] = []
         get_cached = self.block_pool.get_cached_block
         for block_hash in request.block_hashes[:max_hit_blocks]:

@@ -167,8 +167,9 @@ class EngineCoreProc:
         if not self._sent_busy_stats:
             return
         self._sent_busy_stats = False
-        stats: SchedulerStats = self.core.scheduler.make_stats()
-        self.output_queue.put((OutputKind.OUTPUTS, EngineCoreOutputs(scheduler_stats=stats)))
+        stats: SchedulerStats | None = self.core.scheduler.make_stats()
+        if stats is not None:  # None when the engine does not collect stats
+            self.output_queue.put((OutputKind.OUTPUTS, EngineCoreOutputs(scheduler_stats=stats)))
 
     def send_failure(self, message: str) -> None:
         self.output_queue.put((OutputKind.FAILED, message))

@@ -73,13 +73,17 @@ class FakeRunner:
         for new in so.scheduled_new_reqs:
             assert new.req_id not in self.reqs, f"{new.req_id} sent as new twice"
             assert new.num_computed_tokens % self.block_size == 0, "prefix hits are whole blocks"
-            self.reqs[new.req_id] = _RunnerReq(list(new.token_ids), list(new.block_ids), new.num_computed_tokens)
+            self.reqs[new.req_id] = _RunnerReq(
+                list(new.token_ids), list(new.block_ids), new.num_computed_tokens
+            )
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
         ):
             st = self.reqs[req_id]
-            assert st.num_computed == num_computed, f"{req_id}: runner at {st.num_computed}, told {num_computed}"
+            assert st.num_computed == num_computed, (
+                f"{req_id}: runner at {st.num_computed}, told {num_computed}"
+            )
             st.blocks.extend(new_blocks)
         assert set(cached.req_ids).isdisjoint(r.req_id for r in so.scheduled_new_reqs)
         assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values())

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+import signal
+import threading
 import time
 
 import httpx
@@ -58,10 +61,10 @@ def test_tokenize_detokenize_round_trip(server: RemoteServer) -> None:
 def test_greedy_completion_matches_offline_llm(client: openai.OpenAI) -> None:
     from pagedllm import LLM, SamplingParams
 
-    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12, temperature=0.0)
+    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0.0)
     llm = LLM(max_model_len=512, optimization_level=0, kv_cache_memory_bytes=64 * 2**20)
     try:
-        [offline] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        [offline] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
     finally:
         llm.llm_engine.shutdown()
     choice = response.choices[0]
@@ -127,7 +130,7 @@ def test_completion_stop_string(client: openai.OpenAI) -> None:
 def test_seed_reproducibility(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
         response = client.completions.create(
-            model=MODEL_NAME, prompt="My favourite animal is", max_tokens=12, temperature=1.0, seed=seed,
+            model=MODEL_NAME, prompt="My favourite animal is", max_tokens=8, temperature=1.0, seed=seed,
             extra_body={"ignore_eos": True},
         )  # fmt: skip
         return response.choices[0].text
@@ -162,13 +165,13 @@ MESSAGES = [
 
 
 def test_chat_full_and_streamed(server: RemoteServer, client: openai.OpenAI) -> None:
-    full = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=12, temperature=0)
+    full = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0)
     message = full.choices[0].message
     assert message.role == "assistant" and message.content
     assert full.usage.prompt_tokens == len(_tokenize(server, messages=MESSAGES))
     chunks = list(
         client.chat.completions.create(
-            model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=12, temperature=0, stream=True,
+            model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=8, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )
     )  # fmt: skip
@@ -329,3 +332,40 @@ def test_malformed_json_is_400(server: RemoteServer) -> None:
 def test_no_api_key_needed_when_none_set(client: openai.OpenAI) -> None:
     bare = openai.OpenAI(base_url=client.base_url, api_key="anything", max_retries=0)
     assert bare.models.list().data
+
+
+# ---------------------------------------------------------------------------- shutdown (keep last)
+def test_sigint_without_grace_aborts_and_exits(server: RemoteServer) -> None:
+    """Last test of the module: it stops the shared server."""
+    chunks: list[str] = []
+
+    def long_stream() -> None:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": "Count:",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        # The server cuts the stream off when it stops.
+        with (
+            contextlib.suppress(httpx.HTTPError),
+            httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response,
+        ):
+            for line in response.iter_lines():
+                if line:
+                    chunks.append(line)
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not chunks and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert chunks, server.log_tail()
+    # shutdown_timeout defaults to 0: the request is aborted at once and the server exits with 0.
+    server.send_signal(signal.SIGINT)
+    assert server.wait(60) == 0, server.log_tail()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert "data: [DONE]" not in chunks
+    assert server.leftover_children() == []

@@ -128,3 +128,21 @@ def test_forward_traces_as_one_graph(models: tuple[PreTrainedModel, torch.nn.Mod
         a, b = md.query_start_loc_cpu[0], md.query_start_loc_cpu[1]
         start = positions[a].item()
         _check(logits[a:b], ref[start : start + b - a])
+
+
+def test_bfloat16_model_and_cache(
+    models: tuple[PreTrainedModel, torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """bfloat16 weights, activations and KV cache stay within 5% of the logit range of HF float32."""
+    hf, _ = models
+    path = tmp_path_factory.mktemp("bf16")
+    hf.save_pretrained(path)
+    ours = load_model(hf.config, path, dtype=torch.bfloat16)
+    prompt = _tokens(40, 10)
+    batch = PagedBatch.for_model(ours, dtype=torch.bfloat16)
+    (prefill,) = batch.run(ours, [("r", prompt[:39])])
+    (decode,) = batch.run(ours, [("r", prompt[39:])])
+    ref = _reference(hf, prompt)
+    got = torch.cat([prefill, decode])
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
