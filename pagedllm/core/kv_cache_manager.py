@@ -46,7 +46,7 @@ class KVCacheManager:
         computes those only for the positions it runs)."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
-        max_hit_blocks = min((request.num_tokens) // self.block_size, len(request.block_hashes))
+        max_hit_blocks = min((request.num_tokens - 1) // self.block_size, len(request.block_hashes))
         hits: list[KVCacheBlock] = []
         get_cached = self.block_pool.get_cached_block
         for block_hash in request.block_hashes[:max_hit_blocks]:
@@ -93,9 +93,8 @@ class KVCacheManager:
         num_computed = request.num_computed_tokens + num_new_computed_tokens
         num_needed_tokens = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         num_new_blocks = cdiv(num_needed_tokens, self.block_size) - num_held - len(computed_blocks)
-        # Hits with no other user sit in the free list: taking them uses up free blocks too.
-        num_evictable_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_evictable_hits:
+        # (Most decode steps need no new block: skip the free-count check for them.)
+        if num_new_blocks > 0 and num_new_blocks > self._num_allocatable_blocks(computed_blocks):
             return None
 
         if req_blocks is None:
@@ -113,6 +112,17 @@ class KVCacheManager:
                 self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
                 self.num_cached_blocks[req_id] = num_full
         return new_blocks
+
+    def _num_allocatable_blocks(self, computed_blocks: list[KVCacheBlock]) -> int:
+        # Hits with no other user sit in the free list: taking them uses up free blocks too.
+        num_evictable_hits = sum(1 for b in computed_blocks if b.ref_cnt == 0)
+        return self.block_pool.get_num_free_blocks() - num_evictable_hits
+
+    def can_fit(self, request: Request, computed_blocks: list[KVCacheBlock]) -> bool:
+        """Whether blocks for all of a waiting request's tokens beyond its prefix hits `computed_blocks`
+        are free now."""
+        num_new_blocks = cdiv(request.num_tokens, self.block_size) - len(computed_blocks)
+        return num_new_blocks <= self._num_allocatable_blocks(computed_blocks)
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first: when they are evicted later, the ends of sequences

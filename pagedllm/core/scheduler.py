@@ -15,13 +15,17 @@ import heapq
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+
+if TYPE_CHECKING:
+    # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
+    from pagedllm.config import CacheConfig, SchedulerConfig
 
 logger = logging.getLogger("pagedllm.core")
 
@@ -73,19 +77,38 @@ class RequestQueue:
 class Scheduler:
     def __init__(
         self,
-        scheduler_config: Any,
-        cache_config: Any,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
         num_blocks: int,
         max_model_len: int,
         log_stats: bool = True,
     ) -> None:
-        self.max_num_seqs: int = scheduler_config.max_num_seqs
-        self.max_num_batched_tokens: int = scheduler_config.max_num_batched_tokens
-        self.enable_chunked_prefill: bool = scheduler_config.enable_chunked_prefill
-        self.long_prefill_token_threshold: int = scheduler_config.long_prefill_token_threshold or 0
+        if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
+            raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
+        if scheduler_config.max_num_partial_prefills != 1 or scheduler_config.max_long_partial_prefills != 1:
+            # As in vLLM V1, any number of prompts may be mid-prefill at once (the token budget is the
+            # only limit), so these V0 knobs would silently do nothing.
+            raise ValueError(
+                f"max_num_partial_prefills={scheduler_config.max_num_partial_prefills} / "
+                f"max_long_partial_prefills={scheduler_config.max_long_partial_prefills} are not supported "
+                "(only the default 1); use long_prefill_token_threshold to cap prefill chunks"
+            )
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        # The step's token budget; smaller than max_num_batched_tokens only where slots are reserved
+        # for speculative tokens.
+        self.max_num_scheduled_tokens = min(
+            scheduler_config.max_num_scheduled_tokens or self.max_num_batched_tokens,
+            self.max_num_batched_tokens,
+        )
+        # Admit a request only when blocks for its whole prompt are free (no admission that the next
+        # chunk would have to preempt for).
+        self.reserve_full_prompt = scheduler_config.scheduler_reserve_full_isl
+        self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.policy: str = scheduler_config.policy
         self.max_model_len = max_model_len
-        self.block_size: int = cache_config.block_size
+        self.block_size = cache_config.block_size
         self.log_stats = log_stats
         if num_blocks * self.block_size < max_model_len:
             # Otherwise a lone request could outgrow the cache with nothing left to preempt.
@@ -93,9 +116,9 @@ class Scheduler:
                 f"the KV cache holds {num_blocks} blocks of {self.block_size} tokens, fewer than one "
                 f"max_model_len={max_model_len} sequence needs ({-(-max_model_len // self.block_size)})"
             )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+        if not self.enable_chunked_prefill and self.max_num_scheduled_tokens < max_model_len:
             raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len={max_model_len} "
+                f"max_num_batched_tokens={self.max_num_scheduled_tokens} < max_model_len={max_model_len} "
                 "with chunked prefill disabled: a long prompt could never be scheduled"
             )
         self.kv_cache_manager = KVCacheManager(
@@ -182,7 +205,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         kv = self.kv_cache_manager
-        token_budget = self.max_num_batched_tokens
+        token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
         scheduled_running: list[Request] = []
@@ -214,6 +237,8 @@ class Scheduler:
                 preempted.append(victim)
                 if victim is request:
                     break
+                # An undone victim returned budget: a prefill chunk may now be longer.
+                num_new = self._num_new_tokens(request, request.num_computed_tokens, token_budget)
             if new_blocks is None:
                 continue  # `request` itself was preempted; running[i] is now the next one
             num_scheduled_tokens[request.request_id] = num_new
@@ -275,6 +300,8 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new > token_budget:
                 break  # the whole prompt must run in one step: wait for a step with room
             num_new = self._num_new_tokens(request, num_hit, token_budget)
+            if self.reserve_full_prompt and not kv.can_fit(request, computed_blocks):
+                break
             new_blocks = kv.allocate_slots(request, num_new, num_hit, computed_blocks)
             if new_blocks is None:
                 break

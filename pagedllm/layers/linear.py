@@ -55,10 +55,6 @@ class LinearBase(nn.Module):
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
 
 
-class ReplicatedLinear(LinearBase):
-    """The full weight on every rank."""
-
-
 class ColumnParallelLinear(LinearBase):
     """Output dimension split across ranks (at TP=1: the whole weight)."""
 

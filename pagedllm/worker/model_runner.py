@@ -15,6 +15,8 @@ The only host syncs per step are the ones that read the sampled ids (and logprob
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -198,10 +200,10 @@ class ModelRunner:
         spec = self.get_kv_cache_spec()
         backend = get_attn_backend()
         self.kv_caches = [
-            torch.zeros(
+            _zeros(
                 backend.get_kv_cache_shape(num_blocks, self.block_size, kv_heads, head_size),
-                dtype=self.kv_cache_dtype,
-                device=self.device,
+                self.kv_cache_dtype,
+                self.device,
             )
             for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
         ]
@@ -246,9 +248,12 @@ class ModelRunner:
         num_sched = np.fromiter(so.num_scheduled_tokens.values(), dtype=np.int64, count=len(req_ids))
         # Decodes first: the attention backend takes its no-gather fast path when the decode rows are
         # exactly the first rows of the batch.
-        order = np.argsort(num_sched > 1, kind="stable")
-        rows, num_sched = rows[order], num_sched[order]
-        req_ids = [req_ids[i] for i in order]
+        is_prefill = num_sched > 1
+        # Reorder only when some prefill precedes a decode (the scheduler often sends them sorted).
+        if np.any(is_prefill[:-1] & ~is_prefill[1:]):
+            order = np.argsort(is_prefill, kind="stable")
+            rows, num_sched = rows[order], num_sched[order]
+            req_ids = [req_ids[i] for i in order.tolist()]
         num_reqs = len(req_ids)
 
         cu = np.cumsum(num_sched)
@@ -396,6 +401,20 @@ class ModelRunner:
             )
             self.prompt_logprobs_next[req_id] = end
         return out
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On CPU it lives in anonymous mmap'd memory, which the OS hands out zeroed page by
+    page on first touch: the cache costs RAM only for the blocks actually used, instead of `torch.zeros`
+    writing (and so committing) the whole budget at start-up."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # torch.frombuffer keeps a reference to the mmap, so it lives as long as the tensor.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
 
 
 def _resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -169,9 +169,17 @@ def make_request(
 
 
 def check_step_limits(scheduler: Scheduler, so: SchedulerOutput) -> None:
-    assert so.total_num_scheduled_tokens <= scheduler.max_num_batched_tokens
+    assert (
+        so.total_num_scheduled_tokens
+        <= scheduler.max_num_scheduled_tokens
+        <= scheduler.max_num_batched_tokens
+    )
     assert len(so.num_scheduled_tokens) <= scheduler.max_num_seqs
     assert len(scheduler.running) <= scheduler.max_num_seqs
+    # Every running request has work (a decode or the rest of its prompt): one left out of a step means
+    # the step's budget was used up, never lost.
+    if any(r.request_id not in so.num_scheduled_tokens for r in scheduler.running):
+        assert so.total_num_scheduled_tokens == scheduler.max_num_scheduled_tokens
 
 
 def step(scheduler: Scheduler, runner: FakeRunner) -> tuple[SchedulerOutput, EngineCoreOutputs]:

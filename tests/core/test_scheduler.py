@@ -94,7 +94,40 @@ def test_without_chunked_prefill_a_prompt_waits_for_room() -> None:
     assert res.tokens["b"] == expected_tokens(list(range(100, 130)), 4)
 
 
+@pytest.mark.parametrize("reserve", [False, True])
+def test_reserve_full_prompt_admits_only_when_the_whole_prompt_fits(reserve: bool) -> None:
+    s = make_scheduler(
+        num_blocks=7,
+        max_model_len=24,
+        max_num_batched_tokens=16,
+        enable_prefix_caching=False,
+        scheduler_reserve_full_isl=reserve,
+    )
+    runner = FakeRunner(s.block_size)
+    s.add_request(make_request(s, "a", list(range(12)), max_tokens=1))
+    # "b" needs 5 blocks in all; 4 are left after "a": without the reservation its first chunk runs.
+    s.add_request(make_request(s, "b", list(range(20, 40)), max_tokens=2))
+    so, _ = step(s, runner)
+    assert so.num_scheduled_tokens == ({"a": 12} if reserve else {"a": 12, "b": 4})
+    res = run_until_done(s, runner)
+    assert res.tokens["b"] == expected_tokens(list(range(20, 40)), 2)
+
+
 # --------------------------------------------------------------------------------------- limits
+def test_max_num_scheduled_tokens_is_the_step_budget() -> None:
+    s = make_scheduler(max_num_batched_tokens=16, max_num_scheduled_tokens=6)
+    runner = FakeRunner(s.block_size)
+    s.add_request(make_request(s, "a", list(range(10)), max_tokens=2))
+    so, _ = step(s, runner)
+    assert so.num_scheduled_tokens == {"a": 6}
+    run_until_done(s, runner)
+
+
+def test_partial_prefill_limits_are_not_supported() -> None:
+    with pytest.raises(ValueError, match="max_num_partial_prefills=2 .* not supported"):
+        make_scheduler(max_num_partial_prefills=2)
+
+
 def test_max_num_seqs_limits_running_requests() -> None:
     s = make_scheduler(max_num_seqs=3, max_num_batched_tokens=64)
     runner = FakeRunner(s.block_size)
@@ -160,9 +193,10 @@ def test_preempted_request_is_resumed_before_new_arrivals() -> None:
     s.add_request(make_request(s, "a", list(range(8)), max_tokens=8))
     s.add_request(make_request(s, "b", list(range(20, 28)), max_tokens=8))
     step(s, runner)
+    # "late" arrives before "b" is preempted, yet "b" goes back to the front of the line.
+    s.add_request(make_request(s, "late", [5, 6], max_tokens=2))
     so, _ = step(s, runner)
     assert so.preempted_req_ids == {"b"}
-    s.add_request(make_request(s, "late", [5, 6], max_tokens=2))
     assert [r.request_id for r in s.waiting] == ["b", "late"]
     res = run_until_done(s, runner)
     assert res.tokens["b"] == expected_tokens(list(range(20, 28)), 8)
@@ -223,6 +257,28 @@ def test_outputs_independent_of_scheduling(policy: str, budget: int, num_blocks:
     assert finish == {r: FinishReason.LENGTH for r in prompts}
     if num_blocks == 16 and budget == 64:
         assert preemptions > 0
+
+
+def test_a_step_that_preempts_admits_nobody() -> None:
+    s = make_scheduler(
+        num_blocks=4,
+        max_model_len=16,
+        policy="priority",
+        enable_prefix_caching=False,
+        max_num_batched_tokens=32,
+    )
+    runner = FakeRunner(s.block_size)
+    s.add_request(make_request(s, "a", list(range(8)), max_tokens=8, priority=0))
+    s.add_request(make_request(s, "b", list(range(20, 28)), max_tokens=8, priority=5))
+    step(s, runner)  # both prompts fill the 4 blocks
+    # "c" outranks "b" and would fit in the block left over after "b" is preempted, but a step that had
+    # to preempt admits nobody (the cache is full: admitting would only preempt again).
+    s.add_request(make_request(s, "c", [5], max_tokens=2, priority=1, arrival_time=1))
+    so, _ = step(s, runner)
+    assert so.preempted_req_ids == {"b"} and so.scheduled_new_reqs == []
+    so, _ = step(s, runner)
+    assert [r.req_id for r in so.scheduled_new_reqs] == ["c"]
+    run_until_done(s, runner)
 
 
 # ------------------------------------------------------------------------------------ priority
@@ -448,3 +504,58 @@ def test_no_stats_without_log_stats() -> None:
     so = s.schedule()
     assert s.update_from_output(so, runner.execute_model(so)).scheduler_stats is None
     assert s.make_stats() is None
+
+
+def test_budget_of_an_undone_victim_is_reused_in_the_same_step() -> None:
+    s = make_scheduler(
+        num_blocks=10,
+        max_model_len=40,
+        policy="priority",
+        enable_prefix_caching=False,
+        max_num_batched_tokens=8,
+    )
+    runner = FakeRunner(s.block_size)
+    s.add_request(make_request(s, "bad", [1, 2, 3], max_tokens=30, priority=9))
+    step(s, runner)
+    s.add_request(make_request(s, "good", [4, 5, 6], max_tokens=30, priority=0, arrival_time=1))
+    s.add_request(make_request(s, "long", list(range(100, 136)), max_tokens=3, priority=5, arrival_time=2))
+    for _ in range(10):
+        so, _ = step(s, runner)
+        if so.preempted_req_ids:
+            # "long" ran out of blocks after "bad" was scheduled; "bad" is undone and its token of
+            # budget goes to the chunk of "long".
+            assert so.preempted_req_ids == {"bad"}
+            assert so.num_scheduled_tokens == {"good": 1, "long": 7}
+            break
+    else:
+        pytest.fail("no preemption happened")
+    res = run_until_done(s, runner)
+    assert res.tokens == {
+        "bad": expected_tokens([1, 2, 3], 30),
+        "good": expected_tokens([4, 5, 6], 30),
+        "long": expected_tokens(list(range(100, 136)), 3),
+    }
+
+
+def test_no_admission_in_a_step_that_preempted() -> None:
+    s = make_scheduler(
+        num_blocks=6,
+        max_model_len=24,
+        policy="priority",
+        enable_prefix_caching=False,
+        max_num_batched_tokens=64,
+    )
+    runner = FakeRunner(s.block_size)
+    s.add_request(make_request(s, "p9", list(range(11)), max_tokens=10, priority=9))
+    s.add_request(make_request(s, "p0", list(range(20, 27)), max_tokens=10, priority=0, arrival_time=1))
+    step(s, runner)
+    s.add_request(make_request(s, "p1", [1, 2, 3, 4, 5], max_tokens=2, priority=1, arrival_time=2))
+    so, _ = step(s, runner)
+    assert so.scheduled_new_reqs == []  # p1 needs 2 blocks, 1 is free
+    so, _ = step(s, runner)
+    assert so.preempted_req_ids == {"p9"}
+    # p9's blocks would now fit p1, but a step that had to preempt admits nothing.
+    assert so.scheduled_new_reqs == []
+    so, _ = step(s, runner)
+    assert [r.req_id for r in so.scheduled_new_reqs] == ["p1"]
+    run_until_done(s, runner)

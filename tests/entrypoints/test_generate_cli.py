@@ -14,6 +14,7 @@ from e2e.tiny_llm import hf_greedy, make_tiny_llm
 
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.entrypoints import cli
 from pagedllm.entrypoints.chat import ChatSession, chat_loop
 from pagedllm.sampling_params import SamplingParams
 
@@ -61,13 +62,17 @@ def test_generate_json_from_args_and_stdin(model_dir: Path) -> None:
     assert [r["text"] for r in records] == [tokenizer.decode(t, skip_special_tokens=True) for t in expected]
 
 
-def test_generate_errors(model_dir: Path) -> None:
-    missing = pagedllm("generate", "--model", str(model_dir), *ENGINE_FLAGS, stdin="")
-    assert missing.returncode == 2 and "no prompt given" in missing.stderr
-    bad_flag = pagedllm("generate", "hi", "--model", str(model_dir), "--top-p", "1.5")
-    assert bad_flag.returncode == 2 and "top_p must be in (0, 1]" in bad_flag.stderr
-    too_long = pagedllm("generate", "hi", "--model", str(model_dir), *ENGINE_FLAGS, "--max-tokens", "500")
-    assert too_long.returncode == 1 and "max_tokens=500 is too large" in too_long.stderr
+def test_generate_errors(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process through the same entry point (no interpreter start-up per case).
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert cli.main(["generate", "--model", str(model_dir), *ENGINE_FLAGS]) == 2
+    assert "no prompt given" in capsys.readouterr().err
+    assert cli.main(["generate", "hi", "--model", str(model_dir), "--top-p", "1.5"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    assert cli.main(["generate", "hi", "--model", str(model_dir), *ENGINE_FLAGS, "--max-tokens", "500"]) == 1
+    assert "max_tokens=500 is too large" in capsys.readouterr().err
 
 
 def test_chat_command(model_dir: Path) -> None:

@@ -3,6 +3,7 @@ the same dequantized weights, and clear errors for unsupported files."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,18 @@ def _greedy_paged(model: torch.nn.Module, prompts: list[list[int]], steps: int, 
     return outs
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    # On the shared 2-core machine, intra-op threads spin-wait behind other processes' work and run
+    # several times slower than one thread (HF and ours both run under it).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
-def test_smollm2_greedy_matches_hf(smollm2_gguf: Path, smollm2_reference: tuple) -> None:
+def test_smollm2_greedy_matches_hf(smollm2_gguf: Path, smollm2_reference: tuple, one_thread: None) -> None:
     config, tensors = smollm2_reference
     hf = AutoModelForCausalLM.from_config(config).eval()
     hf.load_state_dict(tensors, strict=False)

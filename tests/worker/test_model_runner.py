@@ -109,6 +109,19 @@ def test_seeded_sampling_independent_of_batch(model_dir: Path) -> None:
     assert driver.run()["s"] != alone
 
 
+def test_seeded_request_survives_preemption(model_dir: Path) -> None:
+    def run(preempt: bool) -> list[int]:
+        driver = RunnerDriver(make_runner(model_dir), num_blocks=64)
+        driver.add("s", PROMPTS["a"], 10, SamplingParams(temperature=1.0, seed=99, max_tokens=10))
+        for _ in range(4):
+            driver.step()
+        if preempt:
+            driver.preempt("s")
+        return driver.run()["s"]
+
+    assert run(True) == run(False)
+
+
 def _hf_logprobs(model_dir: Path, tokens: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
