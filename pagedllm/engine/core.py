@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
@@ -26,6 +27,9 @@ class EngineCore:
         self, engine_config: Any, executor_class: type[Executor] | None = None, log_stats: bool = True
     ) -> None:
         self.engine_config = engine_config
+        # Construction checked this already; a config edited since (or built with the gate lifted)
+        # must not start an engine that silently ignores a feature.
+        check_supported(engine_config)
         executor_class = executor_class or Executor.get_class(engine_config)
         self.model_executor = executor_class(engine_config)
         try:

@@ -93,6 +93,8 @@ class LLMEngine:
         )
         # The core's latest counters (running/waiting, KV usage, prefix cache hits), for callers' logs.
         self.scheduler_stats: SchedulerStats | None = None
+        # Outputs held back when a step raised for a refused request (see step()).
+        self._undelivered: list[RequestOutput] = []
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -144,7 +146,13 @@ class LLMEngine:
             raise
 
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the outputs it produced (finished ones have ``finished=True``)."""
+        """Run one engine step; returns the outputs it produced (finished ones have ``finished=True``).
+
+        A request the core refused raises ValueError here; the other requests' outputs of that step are
+        returned by the next call."""
+        if self._undelivered:
+            undelivered, self._undelivered = self._undelivered, []
+            return undelivered
         outputs = self.engine_core.get_output()
         if outputs.scheduler_stats is not None:
             self.scheduler_stats = outputs.scheduler_stats
@@ -152,6 +160,7 @@ class LLMEngine:
         # Stop strings end requests the core would otherwise keep generating for.
         self.engine_core.abort_requests(processed.reqs_to_abort)
         if processed.errors:
+            self._undelivered = [o for o in processed.request_outputs if o.request_id not in processed.errors]
             details = "; ".join(f"request {rid!r}: {message}" for rid, message in processed.errors.items())
             raise ValueError(f"The engine rejected requests: {details}")
         if (
@@ -172,7 +181,7 @@ class LLMEngine:
         self.engine_core.abort_requests(self.output_processor.abort_requests(ids))
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished_requests()
+        return bool(self._undelivered) or self.output_processor.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         """Unfinished requests as the core sees them (an n > 1 request counts n times)."""

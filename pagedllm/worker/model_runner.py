@@ -89,12 +89,14 @@ class ModelRunner:
         self.kv_cache_dtype = _resolve_cache_dtype(self.cache_config.cache_dtype, mc.dtype)
         self.block_size: int = self.cache_config.block_size
         self.max_model_len: int = mc.max_model_len
-        self.max_num_reqs: int = engine_config.scheduler_config.max_num_seqs
-        self.max_num_tokens: int = engine_config.scheduler_config.max_num_batched_tokens
+        sc = engine_config.scheduler_config
+        self.max_num_reqs: int = sc.max_num_seqs
+        # The step budget: max_num_scheduled_tokens overrides max_num_batched_tokens when set.
+        self.max_num_tokens: int = max(sc.max_num_batched_tokens, sc.max_num_scheduled_tokens or 0)
         self.vocab_size: int = mc.get_vocab_size()
         self.max_num_blocks_per_req = -(-self.max_model_len // self.block_size)
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, self.max_num_blocks_per_req)
-        self.sampler = Sampler()
+        self.sampler = Sampler(logprobs_mode=mc.logprobs_mode)
         # Kept across preemption (dropped only when the request finishes): a resumed seeded request
         # continues its random stream, and prompt logprobs are not sent twice.
         self.generators: dict[str, torch.Generator] = {}
@@ -238,9 +240,7 @@ class ModelRunner:
         batch = self.input_batch
         total = so.total_num_scheduled_tokens
         if total > self.max_num_tokens:
-            raise ValueError(
-                f"{total} tokens scheduled, more than max_num_batched_tokens={self.max_num_tokens}"
-            )
+            raise ValueError(f"{total} tokens scheduled, more than the step budget of {self.max_num_tokens}")
         if self._inputs_copied is not None:
             self._inputs_copied.synchronize()
         req_ids = list(so.num_scheduled_tokens)

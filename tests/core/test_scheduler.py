@@ -94,40 +94,7 @@ def test_without_chunked_prefill_a_prompt_waits_for_room() -> None:
     assert res.tokens["b"] == expected_tokens(list(range(100, 130)), 4)
 
 
-@pytest.mark.parametrize("reserve", [False, True])
-def test_reserve_full_prompt_admits_only_when_the_whole_prompt_fits(reserve: bool) -> None:
-    s = make_scheduler(
-        num_blocks=7,
-        max_model_len=24,
-        max_num_batched_tokens=16,
-        enable_prefix_caching=False,
-        scheduler_reserve_full_isl=reserve,
-    )
-    runner = FakeRunner(s.block_size)
-    s.add_request(make_request(s, "a", list(range(12)), max_tokens=1))
-    # "b" needs 5 blocks in all; 4 are left after "a": without the reservation its first chunk runs.
-    s.add_request(make_request(s, "b", list(range(20, 40)), max_tokens=2))
-    so, _ = step(s, runner)
-    assert so.num_scheduled_tokens == ({"a": 12} if reserve else {"a": 12, "b": 4})
-    res = run_until_done(s, runner)
-    assert res.tokens["b"] == expected_tokens(list(range(20, 40)), 2)
-
-
 # --------------------------------------------------------------------------------------- limits
-def test_max_num_scheduled_tokens_is_the_step_budget() -> None:
-    s = make_scheduler(max_num_batched_tokens=16, max_num_scheduled_tokens=6)
-    runner = FakeRunner(s.block_size)
-    s.add_request(make_request(s, "a", list(range(10)), max_tokens=2))
-    so, _ = step(s, runner)
-    assert so.num_scheduled_tokens == {"a": 6}
-    run_until_done(s, runner)
-
-
-def test_partial_prefill_limits_are_not_supported() -> None:
-    with pytest.raises(ValueError, match="max_num_partial_prefills=2 .* not supported"):
-        make_scheduler(max_num_partial_prefills=2)
-
-
 def test_max_num_seqs_limits_running_requests() -> None:
     s = make_scheduler(max_num_seqs=3, max_num_batched_tokens=64)
     runner = FakeRunner(s.block_size)

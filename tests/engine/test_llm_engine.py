@@ -153,8 +153,13 @@ def test_validation_and_duplicate_ids(engine: LLMEngine) -> None:
 def test_core_rejection_raises(engine: LLMEngine) -> None:
     engine.engine_core.reject["a"] = "ValueError: no room"  # type: ignore[attr-defined]
     engine.add_request("a", "Count:", SamplingParams(max_tokens=2))
+    engine.add_request("b", "Count:", SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="request 'a': ValueError: no room"):
         engine.step()
+    # The other request's output of that step is not lost: the next call returns it.
+    assert engine.has_unfinished_requests()
+    (output,) = engine.step()
+    assert output.request_id == "b" and output.finished
     assert not engine.has_unfinished_requests()
 
 

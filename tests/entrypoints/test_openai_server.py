@@ -8,15 +8,20 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import httpx
 import openai
 import pytest
+from openai.types import Completion
 from remote_server import MODEL_NAME, RemoteServer
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "The capital of France is"
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -58,52 +63,61 @@ def test_tokenize_detokenize_round_trip(server: RemoteServer) -> None:
 
 
 # ---------------------------------------------------------------------------------------- completions
-def test_greedy_completion_matches_offline_llm(client: openai.OpenAI) -> None:
+def parallel(*calls: Callable[[], T]) -> list[T]:
+    """Run requests at the same time: the engine batches them (and the tests take less time)."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
+@pytest.fixture(scope="module")
+def greedy(client: openai.OpenAI) -> Completion:
+    """The greedy completion of PROMPT, with logprobs; several tests compare against it."""
+    return client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0.0, logprobs=3
+    )
+
+
+def test_greedy_completion_matches_offline_llm(greedy: Completion) -> None:
     from pagedllm import LLM, SamplingParams
 
-    response = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0.0)
     llm = LLM(max_model_len=512, optimization_level=0, kv_cache_memory_bytes=64 * 2**20)
     try:
         [offline] = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
     finally:
         llm.llm_engine.shutdown()
-    choice = response.choices[0]
-    assert choice.text == offline.outputs[0].text
-    assert response.usage.completion_tokens == len(offline.outputs[0].token_ids)
-    assert response.usage.prompt_tokens == len(offline.prompt_token_ids)
-    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+    assert greedy.choices[0].text == offline.outputs[0].text
+    assert greedy.usage.completion_tokens == len(offline.outputs[0].token_ids)
+    assert greedy.usage.prompt_tokens == len(offline.prompt_token_ids)
+    assert greedy.usage.total_tokens == greedy.usage.prompt_tokens + greedy.usage.completion_tokens
 
 
-def test_completion_prompt_forms_n_and_usage(server: RemoteServer, client: openai.OpenAI) -> None:
+def test_completion_prompt_forms_n_and_usage(
+    server: RemoteServer, client: openai.OpenAI, greedy: Completion
+) -> None:
     ids = _tokenize(server, prompt=PROMPT)
-    from_text = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, temperature=0)
-    from_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=6, temperature=0)
-    assert from_ids.choices[0].text == from_text.choices[0].text
-    assert from_ids.usage.prompt_tokens == len(ids)
-    batch = client.completions.create(
-        model=MODEL_NAME, prompt=[PROMPT, "Once upon a time"], max_tokens=5, n=2, temperature=0.8, seed=7,
-        extra_body={"ignore_eos": True},
+    from_ids, batch, echoed = parallel(
+        lambda: client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=8, temperature=0),
+        lambda: client.completions.create(
+            model=MODEL_NAME, prompt=[PROMPT, "Once upon a time"], max_tokens=4, n=2, temperature=0.8, seed=7,
+            extra_body={"ignore_eos": True},
+        ),
+        lambda: client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, echo=True),
     )  # fmt: skip
+    assert from_ids.choices[0].text == greedy.choices[0].text
+    assert from_ids.usage.prompt_tokens == len(ids)
+    assert echoed.choices[0].text == PROMPT + greedy.choices[0].text
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
     assert all(c.finish_reason == "length" for c in batch.choices)
     other_ids = _tokenize(server, prompt="Once upon a time")
     assert batch.usage.prompt_tokens == len(ids) + len(other_ids)
-    assert batch.usage.completion_tokens == 4 * 5
+    assert batch.usage.completion_tokens == 4 * 4
 
 
-def test_completion_echo_and_logprobs(client: openai.OpenAI) -> None:
-    echoed = client.completions.create(
-        model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0, echo=True
-    )
-    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0)
-    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
-    scored = client.completions.create(
-        model=MODEL_NAME, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3
-    )
-    logprobs = scored.choices[0].logprobs
+def test_completion_logprobs(greedy: Completion) -> None:
+    logprobs = greedy.choices[0].logprobs
     assert logprobs is not None
-    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == scored.usage.completion_tokens == 5
-    assert "".join(logprobs.tokens) == scored.choices[0].text
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == greedy.usage.completion_tokens
+    assert "".join(logprobs.tokens) == greedy.choices[0].text
     assert logprobs.text_offset[0] == 0
     for token, token_logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
         assert token_logprob <= 0.0
@@ -112,14 +126,13 @@ def test_completion_echo_and_logprobs(client: openai.OpenAI) -> None:
         assert top[token] == pytest.approx(max(top.values()))
 
 
-def test_completion_stop_string(client: openai.OpenAI) -> None:
-    full = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16, temperature=0)
-    text = full.choices[0].text
+def test_completion_stop_string(client: openai.OpenAI, greedy: Completion) -> None:
+    text = greedy.choices[0].text
     words = text.split()
     assert len(words) >= 3, text
     stop = words[2]
     stopped = client.completions.create(
-        model=MODEL_NAME, prompt=PROMPT, max_tokens=16, temperature=0, stop=[stop]
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop]
     )
     choice = stopped.choices[0]
     assert choice.finish_reason == "stop"
@@ -128,33 +141,36 @@ def test_completion_stop_string(client: openai.OpenAI) -> None:
 
 
 def test_seed_reproducibility(client: openai.OpenAI) -> None:
-    def sample(seed: int) -> str:
-        response = client.completions.create(
-            model=MODEL_NAME, prompt="My favourite animal is", max_tokens=8, temperature=1.0, seed=seed,
-            extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        return response.choices[0].text
+    def sample(seed: int) -> Callable[[], str]:
+        def call() -> str:
+            response = client.completions.create(
+                model=MODEL_NAME, prompt="My favourite animal is", max_tokens=5, temperature=1.0, seed=seed,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            return response.choices[0].text
 
-    first = sample(1234)
-    assert sample(1234) == first
-    assert len({first, sample(1), sample(2)}) > 1
+        return call
+
+    # The same seed gives the same text alone and in a batch with other requests.
+    batched = parallel(sample(1234), sample(1), sample(2))
+    assert sample(1234)() == batched[0]
+    assert len(set(batched)) > 1
 
 
-def test_streaming_completion_equals_full(client: openai.OpenAI) -> None:
-    full = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=10, temperature=0)
+def test_streaming_completion_equals_full(client: openai.OpenAI, greedy: Completion) -> None:
     chunks = list(
         client.completions.create(
-            model=MODEL_NAME, prompt=PROMPT, max_tokens=10, temperature=0, stream=True,
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )
     )  # fmt: skip
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    assert text == full.choices[0].text
+    assert text == greedy.choices[0].text
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
-    assert finishes == [full.choices[0].finish_reason]
+    assert finishes == [greedy.choices[0].finish_reason]
     assert chunks[-1].choices == []
-    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
-    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == greedy.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens == greedy.usage.prompt_tokens
 
 
 # ------------------------------------------------------------------------------------------------ chat
@@ -165,16 +181,18 @@ MESSAGES = [
 
 
 def test_chat_full_and_streamed(server: RemoteServer, client: openai.OpenAI) -> None:
-    full = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0)
+    full, chunks = parallel(
+        lambda: client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0),
+        lambda: list(
+            client.chat.completions.create(
+                model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=8, temperature=0, stream=True,
+                stream_options={"include_usage": True},
+            )
+        ),
+    )  # fmt: skip
     message = full.choices[0].message
     assert message.role == "assistant" and message.content
     assert full.usage.prompt_tokens == len(_tokenize(server, messages=MESSAGES))
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=8, temperature=0, stream=True,
-            stream_options={"include_usage": True},
-        )
-    )  # fmt: skip
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == message.content
@@ -215,7 +233,7 @@ def test_chat_template_override_and_generation_prompt(server: RemoteServer, clie
 def test_64_concurrent_streams(server: RemoteServer) -> None:
     async def one(aclient: openai.AsyncOpenAI, i: int) -> tuple[int, int, str]:
         stream = await aclient.completions.create(
-            model=MODEL_NAME, prompt=f"Request number {i}:", max_tokens=6, temperature=0, stream=True,
+            model=MODEL_NAME, prompt=f"Request number {i}:", max_tokens=3, temperature=0, stream=True,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         )  # fmt: skip
         text, usage = "", None
@@ -234,7 +252,7 @@ def test_64_concurrent_streams(server: RemoteServer) -> None:
             return await asyncio.gather(*(one(aclient, i) for i in range(64)))
 
     results = asyncio.run(run_all())
-    assert [r[0] for r in results] == [6] * 64
+    assert [r[0] for r in results] == [3] * 64
     for i, (_, prompt_tokens, _) in enumerate(results):
         assert prompt_tokens == len(_tokenize(server, prompt=f"Request number {i}:"))
 

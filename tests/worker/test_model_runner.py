@@ -216,3 +216,18 @@ def test_repetition_penalty_reads_prompt_and_output(model_dir: Path, hf_tokens: 
     driver.add("g", PROMPTS["a"], 10)
     assert driver.run()["p"] == want[0, len(prompt) :].tolist()
     assert want[0, len(prompt) :].tolist() != hf_tokens["b"][:10]  # the penalty changed something
+
+
+def test_cpu_kv_cache_commits_memory_only_when_used(model_dir: Path) -> None:
+    import psutil
+
+    runner = ModelRunner(make_config(model_dir))
+    runner.load_model()
+    num_blocks = 2**30 // runner.get_kv_cache_spec().bytes_per_block  # a 1 GiB cache
+    rss = psutil.Process().memory_info().rss
+    runner.initialize_kv_cache(num_blocks)
+    assert psutil.Process().memory_info().rss - rss < 64 * 2**20
+    # Still a working, zeroed cache: the last block is usable and reads back zeros elsewhere.
+    cache = runner.kv_caches[0]
+    cache[:, -1] = 1.0
+    assert cache[:, -1].all() and not cache[:, 0].any()
