@@ -135,6 +135,12 @@ class BlockPool:
             block.ref_cnt = 1
         return blocks
 
+    def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Withdraw blocks from the prefix cache (their KV will not be written after all)."""
+        for block in blocks:
+            if block.block_hash is not None:
+                self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         assert block.block_hash is not None
         if self.cached_block_hash_to_block.get(block.block_hash) is block:

@@ -124,6 +124,17 @@ class KVCacheManager:
         num_new_blocks = cdiv(request.num_tokens, self.block_size) - len(computed_blocks)
         return num_new_blocks <= self._num_allocatable_blocks(computed_blocks)
 
+    def uncache_unscheduled_blocks(self, request: Request) -> None:
+        """Withdraw the blocks `allocate_slots` registered this step, for a request whose step is undone
+        before it ran: their KV is never written, so a later prefix hit on them would read garbage.
+        (`request.num_computed_tokens` must still be the value from before this step.)"""
+        req_id = request.request_id
+        num_cached = self.num_cached_blocks.get(req_id, 0)
+        num_valid = request.num_computed_tokens // self.block_size
+        if num_cached > num_valid:
+            self.block_pool.uncache_blocks(self.req_to_blocks[req_id][num_valid:num_cached])
+            self.num_cached_blocks[req_id] = num_valid
+
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first: when they are evicted later, the ends of sequences
         go before the prefixes other requests are likelier to share."""

@@ -231,6 +231,7 @@ class Scheduler:
                     token_budget += num_scheduled_tokens.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id, None)
                     scheduled_running.remove(victim)
+                    kv.uncache_unscheduled_blocks(victim)
                 if victim_index < i:
                     i -= 1
                 self._preempt(victim)

@@ -140,3 +140,18 @@ def test_prefix_cache_counters() -> None:
     off = KVCacheManager(num_blocks=8, block_size=BS, max_model_len=32, enable_caching=False)
     off.record_prefix_cache_lookup(12, 0)
     assert off.take_prefix_cache_stats() == (0, 0)
+
+
+def test_uncache_unscheduled_blocks() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=BS, max_model_len=32)
+    a = req("a", list(range(14)))
+    kv.allocate_slots(a, 6)  # registers block 0 (tokens 0-3)
+    a.num_computed_tokens = 6
+    kv.allocate_slots(a, 7)  # this step would fill blocks 1 and 2
+    assert kv.num_cached_blocks["a"] == 3
+    kv.uncache_unscheduled_blocks(a)  # ... but it is undone before it runs
+    table = kv.block_pool.cached_block_hash_to_block
+    assert a.block_hashes[0] in table and a.block_hashes[1] not in table and a.block_hashes[2] not in table
+    assert kv.num_cached_blocks["a"] == 1
+    kv.free(a)
+    assert kv.get_computed_blocks(req("b", list(range(14))))[1] == 4

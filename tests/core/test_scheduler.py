@@ -526,3 +526,33 @@ def test_no_admission_in_a_step_that_preempted() -> None:
     so, _ = step(s, runner)
     assert [r.req_id for r in so.scheduled_new_reqs] == ["p1"]
     run_until_done(s, runner)
+
+
+def test_undone_victim_leaves_no_unwritten_block_in_the_prefix_cache() -> None:
+    # "bad" (priority 9) is prefilled 3 tokens a step. In the step where it would complete its 8th
+    # block, "good" runs out of blocks after "bad" was scheduled, and "bad" is undone: the 8th block,
+    # registered by that step's allocation, never gets its KV and must not stay in the prefix cache.
+    s = make_scheduler(
+        num_blocks=12,
+        max_model_len=48,
+        policy="priority",
+        max_num_batched_tokens=9,
+        long_prefill_token_threshold=3,
+    )
+    runner = FakeRunner(s.block_size)
+    bad_prompt = list(range(100, 143))
+    bad = make_request(s, "bad", bad_prompt, max_tokens=3, priority=9)
+    s.add_request(bad)
+    step(s, runner)
+    s.add_request(make_request(s, "good", [1, 2, 3, 4, 5], max_tokens=40, priority=0, arrival_time=1))
+    for _ in range(20):
+        before = bad.num_computed_tokens
+        so, _ = step(s, runner)
+        if so.preempted_req_ids:
+            break
+    assert so.preempted_req_ids == {"bad"} and before == 30
+    table = s.kv_cache_manager.block_pool.cached_block_hash_to_block
+    assert bad.block_hashes[6] in table and bad.block_hashes[7] not in table
+    s.add_request(make_request(s, "copy", bad_prompt, max_tokens=3, priority=0, arrival_time=2))
+    res = run_until_done(s, runner)
+    assert res.tokens["copy"] == res.tokens["bad"] == expected_tokens(bad_prompt, 3)

@@ -123,11 +123,16 @@ def test_cache_too_small_for_one_sequence(model_dir: Path) -> None:
 def test_admission_error_is_reported_not_raised(model_dir: Path, hf_tokens: list[list[int]]) -> None:
     core = EngineCore(make_config(model_dir, kv_cache_memory_bytes=2**20))
     try:
-        core.add_request(request("too-long", list(range(200))))  # max_model_len is 128
+        core.add_request(request("too-long", [1] * 200))  # max_model_len is 128
         core.add_request(request("ok", PROMPTS[1]))
+        core.add_request(request("empty", []))
+        core.add_request(request("bad-id", [5, 256]))  # vocab_size is 256
+        core.add_request(request("ok", PROMPTS[2]))  # duplicate id
         tokens, _, outputs = run_to_completion(core)
-        errors = {k: v for o in outputs for k, v in o.errors.items()}
-        assert list(errors) == ["too-long"] and "128" in errors["too-long"]
+        errors = [(k, v) for o in outputs for k, v in o.errors.items()]
+        assert [k for k, _ in errors] == ["too-long", "empty", "bad-id", "ok"]
+        assert "128" in errors[0][1] and "empty" in errors[1][1] and "256" in errors[2][1]
+        assert "already" in errors[3][1]
         assert tokens == {"ok": hf_tokens[1]}
     finally:
         core.shutdown()
