@@ -185,7 +185,8 @@ class Scheduler:
     # ---------------------------------------------------------------------------------- schedule
     def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
         n = request.num_tokens - num_computed
-        if 0 < self.long_prefill_token_threshold < n:
+        # The threshold chunks long prompts, so it only applies where chunking is allowed.
+        if self.enable_chunked_prefill and 0 < self.long_prefill_token_threshold < n:
             n = self.long_prefill_token_threshold
         return min(n, token_budget)
 

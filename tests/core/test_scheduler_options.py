@@ -58,3 +58,16 @@ def test_partial_prefill_limits_are_rejected(field: str) -> None:
     extra = {"max_num_partial_prefills": 2} if field == "max_long_partial_prefills" else {}
     with pytest.raises(ValueError, match=f"{field}=2.*not supported"):
         make_scheduler(**{field: 2, **extra})
+
+
+def test_long_prefill_threshold_does_not_chunk_without_chunked_prefill() -> None:
+    s = make_scheduler(
+        max_num_batched_tokens=64,
+        max_model_len=64,
+        enable_chunked_prefill=False,
+        long_prefill_token_threshold=4,
+    )
+    runner = FakeRunner(s.block_size)
+    s.add_request(make_request(s, "a", list(range(30)), max_tokens=2))
+    assert step(s, runner)[0].num_scheduled_tokens == {"a": 30}
+    assert run_until_done(s, runner).tokens["a"] == expected_tokens(list(range(30)), 2)

@@ -61,6 +61,7 @@ class RemoteServer:
             start_new_session=True,
         )
         self.psutil_proc = psutil.Process(self.proc.pid)
+        self.children: list[psutil.Process] = []
         self._wait_healthy()
         # The engine core process, known now that the server answers.
         self.children = self.psutil_proc.children(recursive=True)
@@ -72,15 +73,18 @@ class RemoteServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+                tail = self.log_tail()
+                self.kill()
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{tail}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+        tail = self.log_tail()
         self.kill()
-        raise RuntimeError(f"server did not become healthy in {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
+        raise RuntimeError(f"server did not become healthy in {STARTUP_TIMEOUT_S} s:\n{tail}")
 
     def engine_process(self) -> psutil.Process:
         # multiprocessing's spawn child (its resource tracker is another child, started differently).
@@ -106,6 +110,7 @@ class RemoteServer:
             if child.is_running():
                 child.kill()
         self._log.close()
+        Path(self._log.name).unlink(missing_ok=True)
 
     def leftover_children(self, timeout: float = 15.0) -> list[psutil.Process]:
         """Processes the server started that are still alive (after waiting up to ``timeout``)."""

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_api_key_then_engine_killed() -> None:
-    server = RemoteServer(env={"PAGEDLLM_API_KEY": "sekrit"})
+    server = RemoteServer(extra_args=["--served-model-name", "smol"], env={"PAGEDLLM_API_KEY": "sekrit"})
     try:
         # API key on: /v1 needs it, /health does not.
         wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
@@ -26,7 +26,11 @@ def test_api_key_then_engine_killed() -> None:
         assert response.json()["error"]["code"] == 401
         assert httpx.get(f"{server.url}/health").status_code == 200
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sekrit", max_retries=0, timeout=60)
-        assert client.models.list().data[0].id == MODEL_NAME
+        assert [m.id for m in client.models.list().data] == ["smol"]
+        assert client.completions.create(model="smol", prompt="Hi", max_tokens=1).model == "smol"
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=1)
+        assert 'model_name="smol"' in httpx.get(f"{server.url}/metrics").text
 
         # A long stream in flight when the engine core is killed: it ends with an error, no hang.
         outcome: dict[str, object] = {}
@@ -34,7 +38,7 @@ def test_api_key_then_engine_killed() -> None:
         def stream_long() -> None:
             try:
                 stream = client.completions.create(
-                    model=MODEL_NAME, prompt="Count:", max_tokens=400, stream=True,
+                    model="smol", prompt="Count:", max_tokens=400, stream=True,
                     extra_body={"ignore_eos": True},
                 )  # fmt: skip
                 for _ in stream:
@@ -58,7 +62,7 @@ def test_api_key_then_engine_killed() -> None:
         health = httpx.get(f"{server.url}/health", timeout=10)
         assert health.status_code == 503
         with pytest.raises(openai.InternalServerError) as info:
-            client.completions.create(model=MODEL_NAME, prompt="hello", max_tokens=2)
+            client.completions.create(model="smol", prompt="hello", max_tokens=2)
         assert info.value.status_code == 503
         # The server stays up and answers (no hang), then exits cleanly on SIGTERM.
         server.send_signal(signal.SIGTERM)

@@ -130,6 +130,14 @@ def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.view(x.shape[0], -1).index_select(0, index).view(index.shape[0], *x.shape[1:])
 
 
+def _segment_sum(x: torch.Tensor, segment: torch.Tensor, num_segments: int) -> torch.Tensor:
+    """Sums the rows of `x` per segment id, through 2-D views: torch's CPU `index_add_` is ~16x
+    slower on 4-D tensors than on the same data viewed as rows."""
+    flat = x.reshape(x.shape[0], -1)
+    total = torch.zeros((num_segments, flat.shape[1]), dtype=x.dtype, device=x.device)
+    return total.index_add_(0, segment, flat).view(num_segments, *x.shape[1:])
+
+
 class TorchPagedAttentionImpl(AttentionImpl):
     def forward(
         self,
@@ -222,12 +230,9 @@ class TorchPagedAttentionImpl(AttentionImpl):
             index = p.req_of_block.view(-1, 1, 1).expand_as(blk_max)
             req_max.scatter_reduce_(0, index, blk_max, "amax")
             probs = torch.exp(scores - req_max.index_select(0, p.req_of_block).unsqueeze(-1))
-            denom = torch.zeros_like(req_max).index_add_(0, p.req_of_block, probs.sum(dim=-1))
+            denom = _segment_sum(probs.sum(dim=-1), p.req_of_block, p.num_reqs)
             o_blk = torch.matmul(probs.to(vb.dtype), vb).float()  # [B, Hkv, G, D]
-            o = torch.zeros(
-                (p.num_reqs, *o_blk.shape[1:]), dtype=torch.float32, device=o_blk.device
-            ).index_add_(0, p.req_of_block, o_blk)
-            o = o / denom.unsqueeze(-1)
+            o = _segment_sum(o_blk, p.req_of_block, p.num_reqs) / denom.unsqueeze(-1)
         o = o.reshape(p.num_reqs, self.num_heads, self.head_size).to(out.dtype)
         if p.rows is None:
             out[: p.num_reqs] = o

@@ -101,6 +101,15 @@ class OpenAIServingCompletion:
         except ValueError as e:
             raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
         prompts = _prompts(request.prompt)
+        if not request.add_special_tokens:
+            # The engine's tokenizer adds special tokens (e.g. BOS); tokenize here to leave them out.
+            tokenizer = self.engine.tokenizer
+            prompts = [
+                {"prompt_token_ids": tokenizer.encode(p, add_special_tokens=False), "prompt": p}
+                if isinstance(p, str)
+                else p
+                for p in prompts
+            ]
         request_id = random_id("cmpl")
         if self.log_requests:
             logger.info("Received request %s: %d prompt(s), params %s", request_id, len(prompts), params)
