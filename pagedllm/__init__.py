@@ -24,7 +24,16 @@ if TYPE_CHECKING:
     from pagedllm.outputs import CompletionOutput, RequestOutput
     from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "LLM",
+    "SamplingParams",
+    "RequestOutputKind",
+    "RequestOutput",
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineArgs",
+]
 
 
 def __getattr__(name: str) -> Any:

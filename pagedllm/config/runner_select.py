@@ -90,6 +90,15 @@ def v1_unsupported_features(cfg: EngineConfig) -> list[str]:
     return found
 
 
+def _v2_forced_by(cfg: EngineConfig) -> str:
+    """Names the field that forced the V2 runner, so a missing Triton points at the user's setting."""
+    if cfg.attention_config.hisparse_config is not None:
+        return " (forced by attention_config.hisparse_config)"
+    if cfg.watermark_config is not None:
+        return " (forced by watermark_config)"
+    return ""
+
+
 def select_v2_model_runner(cfg: EngineConfig) -> bool:
     flag = env_flag("PAGEDLLM_USE_V2_MODEL_RUNNER")
     if cfg.attention_config.hisparse_config is not None:
@@ -124,7 +133,7 @@ def validate_model_runner(cfg: EngineConfig) -> None:
             cc.max_cudagraph_capture_size = 0
             cc.cudagraph_capture_sizes = []
         if not triton_available():
-            raise ValueError("the V2 model runner needs Triton, which is not installed")
+            raise ValueError(f"the V2 model runner{_v2_forced_by(cfg)} needs Triton, which is not installed")
         unsupported = v2_unsupported_features(cfg)
         if unsupported:
             raise ValueError(f"the V2 model runner does not support: {', '.join(unsupported)}")

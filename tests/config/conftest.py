@@ -19,6 +19,12 @@ def _fresh_once_caches() -> Iterator[None]:
     reset_once_caches()
 
 
+@pytest.fixture
+def triton_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runner selection as on a machine with Triton (every CUDA build of torch ships it)."""
+    monkeypatch.setattr("pagedllm.config.runner_select.triton_available", lambda: True)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tiny_llama")

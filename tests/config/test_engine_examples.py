@@ -260,7 +260,9 @@ def test_max_num_scheduled_tokens_errors() -> None:
         build_cuda(seqs=1, tokens=1, speculative_config=spec("draft_model", 1))
 
 
-def test_max_concurrent_batches(monkeypatch: pytest.MonkeyPatch, async_executor: None) -> None:
+def test_max_concurrent_batches(
+    monkeypatch: pytest.MonkeyPatch, async_executor: None, triton_installed: None
+) -> None:
     sync1 = build_cuda()
     sync1.scheduler_config.async_scheduling = False
     assert (sync1.max_concurrent_batches, sync1.max_in_flight_tokens) == (1, 8192)

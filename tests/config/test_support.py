@@ -75,7 +75,7 @@ def test_unsupported_model_features() -> None:
         EngineConfig(model_config=ModelConfig(enable_sleep_mode=True))
 
 
-def test_every_unsupported_flag_listed_once() -> None:
+def test_every_unsupported_flag_listed_once(triton_installed: None) -> None:
     with allow_unsupported():
         cfg = EngineConfig(
             model_config=ModelConfig(),

@@ -44,7 +44,7 @@ def test_no_watermark_config(caplog: pytest.LogCaptureFixture) -> None:
     assert check_supports_watermarking(cfg) is False
 
 
-def test_watermark_without_spec(caplog: pytest.LogCaptureFixture) -> None:
+def test_watermark_without_spec(caplog: pytest.LogCaptureFixture, triton_installed: None) -> None:
     cfg = _cfg()
     assert cfg.use_v2_model_runner is True
     assert check_supports_watermarking(cfg) is True
@@ -81,7 +81,7 @@ def test_watermark_with_bad_spec(speculative: SpeculativeConfig, message: str) -
         _cfg(speculative=speculative)
 
 
-def test_watermark_with_dspark_parallel_drafting() -> None:
+def test_watermark_with_dspark_parallel_drafting(triton_installed: None) -> None:
     cfg = _cfg(
         speculative=SpeculativeConfig(method="dspark", num_speculative_tokens=2, parallel_drafting=True)
     )
