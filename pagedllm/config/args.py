@@ -57,7 +57,10 @@ INTERNAL_FIELDS: dict[str, frozenset[str]] = {
 # EngineConfig fields that are not options: the flat sub-configs, and what construction derives.
 TOP_LEVEL_INTERNAL = frozenset({"instance_id", "quant_config", *FLAT_CONFIGS})
 # vLLM's names where they differ from the sub-config field.
-RENAMES: dict[tuple[str, str], str] = {("scheduler_config", "policy"): "scheduling_policy"}
+RENAMES: dict[tuple[str, str], str] = {
+    ("scheduler_config", "policy"): "scheduling_policy",
+    ("cache_config", "cache_dtype"): "kv_cache_dtype",
+}
 SHORT_FLAGS: dict[str, tuple[str, ...]] = {
     "tensor_parallel_size": ("-tp",),
     "pipeline_parallel_size": ("-pp",),

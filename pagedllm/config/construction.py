@@ -133,7 +133,17 @@ def _graph_sizing(cfg: EngineConfig) -> None:
     """P44."""
     cc, mc = cfg.compilation_config, cfg.model_config
     if not _platform().support_static_graph_mode():
+        # Spec 7.10 leaves the sizes as given here; pagedllm decides "graphs off => no capture sizes"
+        # on every platform, so readers never see None and user sizes are dropped visibly.
+        if cc.cudagraph_capture_sizes or cc.max_cudagraph_capture_size:
+            warning_once(
+                f"{_platform().device_type} has no CUDA graphs: ignoring cudagraph_capture_sizes="
+                f"{cc.cudagraph_capture_sizes} and max_cudagraph_capture_size={cc.max_cudagraph_capture_size}"
+            )
         cc.cudagraph_mode = CUDAGraphMode.NONE
+        cc.max_cudagraph_capture_size = 0
+        cc.cudagraph_capture_sizes = []
+        cc.post_init_cudagraph_sizes()
         return
     mode = cc.cudagraph_mode
     assert mode is not None

@@ -143,9 +143,15 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         from pagedllm.config.construction import construct
-        from pagedllm.config.support import check_supported
+        from pagedllm.config.support import check_supported, unsupported_error
 
-        construct(self)
+        try:
+            construct(self)
+        except (ValueError, AssertionError) as e:
+            error = unsupported_error(self, e)
+            if error is not None:
+                raise error from e
+            raise
         if not (self.model_config is not None and self.model_config.is_submodel_config):
             check_supported(self)
 

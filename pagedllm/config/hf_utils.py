@@ -99,18 +99,34 @@ def read_generation_config(path: Path | None) -> dict[str, Any]:
         raise ValueError(f"{file} is not valid JSON: {e}") from e
 
 
+# The safetensors format caps its JSON header at 100 MB; a larger length means a corrupt file.
+_MAX_SAFETENSORS_HEADER = 100 * 2**20
+
+
 def safetensors_weight_names(path: Path) -> set[str] | None:
-    """Tensor names of a directory's safetensors checkpoint from its index or headers (no data)."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return set(json.loads(index.read_text()).get("weight_map", {}))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    """Tensor names of a directory's safetensors checkpoint from its index or headers (no data).
+
+    None when there is no checkpoint or it cannot be read: the config only uses the names for a
+    hint (untying embeddings), and the weight loader reports a corrupt checkpoint with its own error,
+    so a bad header must neither fail config construction nor make it read the tensor data."""
+    try:
+        index = path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+            return set(weight_map) if isinstance(weight_map, dict) else None
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            return None
+        names: set[str] = set()
+        for file in files:
+            with open(file, "rb") as f:
+                header_len = int.from_bytes(f.read(8), "little")
+                if not 0 < header_len <= _MAX_SAFETENSORS_HEADER:
+                    return None
+                header = json.loads(f.read(header_len))
+            if not isinstance(header, dict):
+                return None
+            names.update(k for k in header if k != "__metadata__")
+        return names
+    except (OSError, ValueError, AttributeError):
         return None
-    names: set[str] = set()
-    for file in files:
-        with open(file, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(header_len))
-        names.update(k for k in header if k != "__metadata__")
-    return names

@@ -34,11 +34,9 @@ class LoadConfig:
     download_dir: str | None = None
     """Directory to download and cache Hub models in (default: the Hugging Face cache)."""
     model_loader_extra_config: dict[str, Any] = Field(default_factory=dict)
-    """Extra options for the weight loader."""
+    """Extra options for the weight loader (pagedllm's loaders take none; setting any is unsupported)."""
     ignore_patterns: list[str] = Field(default_factory=lambda: ["original/**/*"])
-    """File patterns to skip when loading weights from a model directory."""
-    use_tqdm_on_load: bool = True
-    """Show a progress bar while loading weights."""
+    """File patterns to skip when downloading a Hub model's weights."""
 
     def compute_hash(self) -> str:
         # Where weights come from does not change the graph.

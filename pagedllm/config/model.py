@@ -132,7 +132,7 @@ class ModelConfig:
     sleep_mode_offload_cudagraph: bool = False
     """Offload CUDA graphs while sleeping."""
     enable_cumem_allocator: bool = False
-    """Allocate the KV cache and weights through the cuMem allocator."""
+    """Allocate the KV cache and weights through the cuMem allocator (not supported by pagedllm)."""
     return_sampling_mask: bool = False
     """Return the mask of tokens the sampler could pick (sampling replay)."""
     enable_trace_replay: bool = False

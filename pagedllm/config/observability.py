@@ -14,7 +14,7 @@ class ObservabilityConfig:
     """Configuration of metrics and tracing."""
 
     show_hidden_metrics_for_version: str | None = None
-    """Re-enable metrics deprecated since this version."""
+    """Re-enable metrics deprecated since this version (pagedllm hides none: not supported)."""
     otlp_traces_endpoint: str | None = None
     """OpenTelemetry endpoint to send request traces to."""
     collect_detailed_traces: list[Literal["all", "model", "worker"]] | None = None
@@ -37,7 +37,7 @@ class LoggingConfig:
     enable_log_requests: bool = False
     """Log every request's parameters."""
     max_log_len: Annotated[int, Field(ge=0)] | None = None
-    """Longest prompt text or token list printed in request logs."""
+    """Longest prompt text or token list printed in request logs (truncation is not supported yet)."""
 
     def compute_hash(self) -> str:
         return hash_fields(self, ())

@@ -34,7 +34,7 @@ class ParallelConfig:
     """Configuration of distributed execution."""
 
     tensor_parallel_size: Annotated[int, Field(ge=1)] = 1
-    """Number of tensor parallel ranks (each holds a slice of every layer)."""
+    """Number of tensor parallel ranks (each holds a slice of every layer); pagedllm runs 1 for now."""
     pipeline_parallel_size: Annotated[int, Field(ge=1)] = 1
     """Number of pipeline stages (each holds a range of layers)."""
     data_parallel_size: Annotated[int, Field(ge=1)] = 1
@@ -73,7 +73,7 @@ class ParallelConfig:
     enable_dbo: bool = False
     """Dual batch overlap: split a batch into two micro-batches that overlap compute and communication."""
     enable_fault_tolerance: bool = False
-    """Keep the engine alive when a worker fails."""
+    """Keep the engine alive when a worker fails (not supported by pagedllm)."""
     enable_batch_sharded_sampling: bool | None = None
     """Shard the sampler's batch across tensor parallel ranks."""
     is_moe_model: bool | None = None

@@ -5,12 +5,15 @@ properties such as `max_concurrent_batches`, and the errors for combinations nei
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import TYPE_CHECKING
 
 from pagedllm.config.utils import env_flag, info_once, warning_once
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
+
+logger = logging.getLogger("pagedllm.config")
 
 _V2_UNSUPPORTED_METHODS = ("suffix", "medusa", "mlp_speculator", "custom_class")
 
@@ -112,7 +115,15 @@ def select_v2_model_runner(cfg: EngineConfig) -> bool:
     if flag is not None:
         return flag
     if not triton_available():
-        warning_once("Triton is not available; using the V1 model runner")
+        from pagedllm.platforms import current_platform
+
+        # Without a GPU there is no Triton by design; only a CUDA machine lacking it is worth a warning.
+        if current_platform.is_cuda_alike():
+            warning_once("Triton is not available; using the V1 model runner")
+        else:
+            logger.debug(
+                "Triton is not available on %s; using the V1 model runner", current_platform.device_type
+            )
         return False
     unsupported = v2_unsupported_features(cfg)
     if unsupported:

@@ -49,7 +49,7 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = False
     """Admit a request only when KV blocks for its whole prompt are free."""
     stream_interval: Annotated[int, Field(ge=1)] = 1
-    """Send streamed outputs every this many tokens."""
+    """Send streamed outputs every this many tokens (pagedllm streams every token: only 1 is supported)."""
 
     def __post_init__(self) -> None:
         from pagedllm.platforms import current_platform

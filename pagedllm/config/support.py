@@ -18,8 +18,8 @@ When a feature gets implemented, delete its entry from `_checks` and say so in S
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.config.compilation import CompilationMode
 
@@ -30,22 +30,46 @@ if TYPE_CHECKING:
 SUPPORTED = (
     "dense decoder models (Llama, Mistral, Qwen2, Qwen3) from HF safetensors directories or GGUF files; "
     "dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
-    "priority scheduling; tensor parallelism; torch.compile levels O0-O3; CUDA graphs on CUDA; "
-    "load formats auto/safetensors/gguf/dummy"
+    "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3; "
+    "CUDA graphs on CUDA; load formats auto/safetensors/gguf/dummy"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-_STRUCTURED_BACKENDS = ("auto", "xgrammar")
+# Kernel providers pagedllm ships for the IR ops (kernel_config.ir_op_priority).
+_KERNEL_PROVIDERS = ("native",)
 
 _MLA_PASSES = ("fuse_rope_kvcache_cat_mla", "fuse_mla_dual_rms_norm")
 
 _allow_depth = 0
 
 
+def _changed(obj: Any, names: Iterable[str] | None = None) -> list[str]:
+    """Fields of a sub-config (all, or `names`) whose value differs from the declared default.
+
+    Used for options that only mean something to a feature pagedllm lacks: leaving them at the default
+    is fine, setting them would otherwise be silently ignored."""
+    fields = obj.__pydantic_fields__
+    changed = []
+    for name in fields if names is None else names:
+        info = fields[name]
+        default = info.default_factory() if info.default_factory is not None else info.default
+        if getattr(obj, name) != default:
+            changed.append(name)
+    return changed
+
+
+def _named(prefix: str, names: list[str], what: str) -> tuple[bool, str]:
+    return bool(names), f"{', '.join(f'{prefix}.{n}' for n in names)} ({what})"
+
+
 def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     mc, cc, pc, sc = cfg.model_config, cfg.cache_config, cfg.parallel_config, cfg.scheduler_config
     passes = cfg.compilation_config.pass_config
     kve = cfg.kv_events_config
+    priority = cfg.kernel_config.ir_op_priority
+    kernel_providers = sorted(
+        {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
+    )
     checks: list[tuple[bool, str]] = [
         (cfg.lora_config is not None, "lora_config (LoRA adapters)"),
         (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
@@ -56,10 +80,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             and cfg.kv_transfer_config.kv_connector is not None,
             "kv_transfer_config.kv_connector (KV transfer connectors such as NIXL)",
         ),
-        (
-            kve is not None and (kve.enable_kv_cache_events or kve.publisher != "null"),
-            "kv_events_config (KV cache events)",
-        ),
+        _named("kv_events_config", _changed(kve) if kve is not None else [], "KV cache events"),
         (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
         (
             cfg.ec_manager_config.manager_cls is not None,
@@ -70,6 +91,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.watermark_config is not None, "watermark_config (watermarking)"),
         (cfg.reasoning_config is not None, "reasoning_config (reasoning parsers)"),
         (cfg.weight_transfer_config is not None, "weight_transfer_config (RL weight transfer)"),
+        (bool(cfg.additional_config), "additional_config (options for platform plug-ins; pagedllm has none)"),
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
         (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
         (cfg.offload_config.cpu_offload_gb > 0, "offload_config.cpu_offload_gb (weight offloading)"),
@@ -81,18 +103,72 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (pc.enable_expert_parallel, "parallel_config.enable_expert_parallel (expert parallelism)"),
         (pc.enable_eplb, "parallel_config.enable_eplb (expert load balancing)"),
         (bool(pc.enable_batch_sharded_sampling), "parallel_config.enable_batch_sharded_sampling"),
+        # The linear layers are not sharded and the only executor runs one worker in-process.
         (
-            pc.distributed_executor_backend == "external_launcher",
-            "distributed_executor_backend='external_launcher'",
+            pc.tensor_parallel_size > 1,
+            "parallel_config.tensor_parallel_size > 1 (tensor parallelism: layers are not sharded)",
         ),
+        (
+            pc.distributed_executor_backend != "uni",
+            f"parallel_config.distributed_executor_backend={pc.distributed_executor_backend!r} (only 'uni')",
+        ),
+        _named(
+            "parallel_config",
+            _changed(pc, ("data_parallel_index", "data_parallel_external_lb")),
+            "data parallelism",
+        ),
+        _named(
+            "parallel_config",
+            _changed(pc, ("dcp_kv_cache_interleave_size", "cp_kv_cache_interleave_size", "dcp_comm_backend")),
+            "context parallelism",
+        ),
+        _named(
+            "parallel_config",
+            _changed(pc, ("expert_placement_strategy", "all2all_backend")),
+            "expert parallelism",
+        ),
+        (pc.enable_fault_tolerance, "parallel_config.enable_fault_tolerance (worker fault tolerance)"),
         (cc.cache_dtype.startswith("fp8"), f"cache_config.cache_dtype={cc.cache_dtype!r} (FP8 KV cache)"),
         (cc.kv_sharing_fast_prefill, "cache_config.kv_sharing_fast_prefill"),
         (cc.use_replayssm, "cache_config.use_replayssm (Mamba state replay)"),
         (cc.mamba_block_size is not None, "cache_config.mamba_block_size (Mamba state cache)"),
-        (sc.scheduler_cls is not None, "scheduler_config.scheduler_cls (custom schedulers)"),
+        _named(
+            "cache_config",
+            _changed(cc, ("mamba_cache_mode", "mamba_ssm_cache_dtype", "replayssm_buffer_len")),
+            "Mamba state cache",
+        ),
         (
-            cfg.structured_outputs_config.backend not in _STRUCTURED_BACKENDS,
-            f"structured_outputs_config.backend={cfg.structured_outputs_config.backend!r} (only auto/xgrammar)",
+            cc.kv_offloading_backend != "native",
+            f"cache_config.kv_offloading_backend={cc.kv_offloading_backend!r} (KV offloading)",
+        ),
+        (sc.scheduler_cls is not None, "scheduler_config.scheduler_cls (custom schedulers)"),
+        (sc.runner_type != "generate", f"scheduler_config.runner_type={sc.runner_type!r} (only 'generate')"),
+        (sc.disable_chunked_mm_input, "scheduler_config.disable_chunked_mm_input (multimodal inputs)"),
+        (
+            sc.stream_interval != 1,
+            "scheduler_config.stream_interval (outputs are streamed after every token)",
+        ),
+        _named(
+            "structured_outputs_config",
+            _changed(cfg.structured_outputs_config),
+            "structured outputs / guided decoding",
+        ),
+        _named("mamba_config", _changed(cfg.mamba_config), "Mamba kernels"),
+        (
+            cfg.attention_config.backend not in (None, "torch_paged"),
+            f"attention_config.backend={cfg.attention_config.backend!r} (only torch_paged)",
+        ),
+        (
+            bool(kernel_providers),
+            f"kernel_config.ir_op_priority providers {kernel_providers} (only {', '.join(_KERNEL_PROVIDERS)})",
+        ),
+        (
+            cfg.observability_config.show_hidden_metrics_for_version is not None,
+            "observability_config.show_hidden_metrics_for_version (no metrics are hidden)",
+        ),
+        (
+            cfg.logging_config.max_log_len is not None,
+            "logging_config.max_log_len (request log truncation)",
         ),
         (
             cfg.observability_config.otlp_traces_endpoint is not None,
@@ -102,10 +178,15 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             cfg.observability_config.collect_detailed_traces is not None,
             "observability_config.collect_detailed_traces",
         ),
-        (cfg.profiler_config.profiler == "proton", "profiler_config.profiler='proton'"),
+        _named("profiler_config", _changed(cfg.profiler_config), "profiling"),
         (
             cfg.load_config.load_format not in _LOAD_FORMATS,
             f"load_config.load_format={cfg.load_config.load_format!r}",
+        ),
+        _named(
+            "load_config",
+            _changed(cfg.load_config, ("model_loader_extra_config",)),
+            "custom weight-loader options",
         ),
     ]
     # MLA-only passes do nothing for the (non-MLA) models pagedllm runs; MLA models are rejected below.
@@ -123,6 +204,8 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             (mc.convert not in ("auto", "none"), f"model_config.convert={mc.convert!r}"),
             (mc.enable_prompt_embeds, "model_config.enable_prompt_embeds"),
             (mc.enable_sleep_mode, "model_config.enable_sleep_mode"),
+            (mc.sleep_mode_offload_cudagraph, "model_config.sleep_mode_offload_cudagraph (sleep mode)"),
+            (mc.enable_cumem_allocator, "model_config.enable_cumem_allocator (cuMem allocator)"),
             (mc.return_sampling_mask, "model_config.return_sampling_mask (sampling replay)"),
             (mc.enable_trace_replay, "model_config.enable_trace_replay"),
             (bool(mc.logits_processors), "model_config.logits_processors (custom logits processors)"),
@@ -139,13 +222,35 @@ def unsupported_features(cfg: EngineConfig) -> list[str]:
     return [name for enabled, name in _checks(cfg) if enabled]
 
 
+def _message(found: list[str]) -> str:
+    return "pagedllm does not support: " + "; ".join(found) + f". Supported: {SUPPORTED}."
+
+
 def check_supported(cfg: EngineConfig) -> None:
     """Raise ValueError naming every enabled feature outside SUPPORTED (unless the gate is lifted)."""
     if _allow_depth:
         return
     found = unsupported_features(cfg)
     if found:
-        raise ValueError("pagedllm does not support: " + "; ".join(found) + f". Supported: {SUPPORTED}.")
+        raise ValueError(_message(found))
+
+
+def unsupported_error(cfg: EngineConfig, cause: BaseException) -> ValueError | None:
+    """The "not supported" error for a construction that failed with `cause`, if it used a feature
+    outside SUPPORTED; None otherwise (or with the gate lifted).
+
+    Why: an unimplemented feature often trips one of its own consistency rules before the gate runs
+    (HiSparse off CUDA, DBO without a DeepEP backend); the user must learn that the feature itself is
+    unsupported, not how to make it consistent."""
+    if _allow_depth:
+        return None
+    try:
+        found = unsupported_features(cfg)
+    except Exception:  # the half-built config may lack what a check reads; keep the original error
+        return None
+    if not found:
+        return None
+    return ValueError(f"{_message(found)} (Construction also reported: {cause})")
 
 
 @contextlib.contextmanager

@@ -180,13 +180,25 @@ def test_c30_enforce_eager_disables_graphs() -> None:
     assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
 
 
-def test_cpu_has_no_graphs() -> None:
-    from pagedllm.config import EngineConfig, ModelConfig
+def test_cpu_has_no_graphs(caplog: pytest.LogCaptureFixture) -> None:
+    from pagedllm.config import CompilationConfig, EngineConfig, ModelConfig
     from pagedllm.platforms import override_platform
 
     with override_platform("cpu"):
         cfg = EngineConfig(model_config=ModelConfig())
     assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE
+    # pagedllm's decision on spec 7.10: graphs off means no capture sizes on every platform.
+    assert sizes(cfg) == (0, [])
+    assert cfg.compilation_config.padded_graph_size(1) is None
+    with caplog.at_level(logging.WARNING, logger="pagedllm.config"), override_platform("cpu"):
+        given = EngineConfig(
+            model_config=ModelConfig(),
+            compilation_config=CompilationConfig(
+                cudagraph_capture_sizes=[1, 2], max_cudagraph_capture_size=2
+            ),
+        )
+    assert sizes(given) == (0, [])
+    assert "cpu has no CUDA graphs: ignoring cudagraph_capture_sizes=[1, 2]" in caplog.text
 
 
 def test_padded_graph_size_table() -> None:
@@ -216,6 +228,25 @@ def test_capture_size_invariants(seqs: int, tokens: int, k: int, mode: str, blac
     assert result == sorted(set(result))
     assert all(1 <= s <= tokens for s in result)
     assert max_size == result[-1]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seqs=st.integers(1, 1024),
+    tokens=st.integers(1, 16384),
+    user_max=st.integers(1, 2048),
+    mode=st.sampled_from(["balanced", "interactivity"]),
+)
+def test_capture_size_invariants_with_user_max(seqs: int, tokens: int, user_max: int, mode: str) -> None:
+    cfg = build_cuda(
+        seqs, tokens, performance_mode=mode, compilation={"max_cudagraph_capture_size": user_max}
+    )
+    max_size, result = sizes(cfg)
+    assert result == sorted(set(result)) and result
+    assert all(1 <= s <= min(tokens, user_max) for s in result)
+    assert max_size == result[-1]
+    assert cfg.compilation_config.padded_graph_size(max_size) == max_size
+    assert cfg.compilation_config.padded_graph_size(max_size + 1) is None
 
 
 @settings(max_examples=15, deadline=None)

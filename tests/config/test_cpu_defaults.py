@@ -52,3 +52,19 @@ def test_pickle_and_deepcopy_keep_the_resolved_config() -> None:
         assert clone.compute_hash() == cfg.compute_hash()
         assert clone.model_config.gguf_file == cfg.model_config.gguf_file
         assert clone.model_config.dtype == torch.float32
+
+
+def test_cuda_defaults_without_a_gpu() -> None:
+    """The same plain construction as on a Hopper GPU (contract: CUDA budget 8192, bf16 by default)."""
+    from pagedllm.config.support import unsupported_features
+
+    with override_platform("cuda", capability=(9, 0)):
+        cfg = EngineConfig(model_config=ModelConfig())
+    sc, cc = cfg.scheduler_config, cfg.compilation_config
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs) == (8192, 256)
+    assert cfg.model_config.dtype == torch.bfloat16 and cfg.device_config.device == torch.device("cuda")
+    assert cc.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE and cc.max_cudagraph_capture_size == 512
+    assert cc.padded_graph_size(3) == 4 and cc.compile_ranges_endpoints == [8192]
+    # The executor cannot overlap steps yet, so async scheduling resolves to off (no error).
+    assert sc.async_scheduling is False and cfg.max_concurrent_batches == 1
+    assert unsupported_features(cfg) == []

@@ -197,3 +197,99 @@ def test_get_quantization_config_copies() -> None:
     mc = ModelConfig()
     quant = EngineConfig.get_quantization_config(mc, EngineConfig().load_config)
     assert quant is not None and quant.name == "gguf"
+
+
+def test_adjust_dcp_kv_cache_interleave_size(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from pagedllm.config import KVTransferConfig
+    from pagedllm.config.support import allow_unsupported
+
+    groups = SimpleNamespace(
+        kv_cache_groups=[SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=b)) for b in (32, 16)]
+    )
+    with allow_unsupported():
+        single = EngineConfig(parallel_config=ParallelConfig(dcp_kv_cache_interleave_size=4))
+        cfg = EngineConfig(
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=2, decode_context_parallel_size=2, dcp_kv_cache_interleave_size=4
+            ),
+            kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both"),
+        )
+    single.adjust_dcp_kv_cache_interleave_size(groups)  # DCP 1: nothing to align
+    assert single.parallel_config.cp_kv_cache_interleave_size == 1
+    pc = cfg.parallel_config
+    pc.cp_kv_cache_interleave_size = 1
+    with caplog.at_level(logging.WARNING, logger="pagedllm.config"):
+        cfg.adjust_dcp_kv_cache_interleave_size(groups)
+    assert pc.cp_kv_cache_interleave_size == 4 and "follows dcp_kv_cache_interleave_size" in caplog.text
+    # With NIXL and auto-resolution allowed, the smallest KV block size wins.
+    pc._allow_auto_resolve_cp_interleave_size = True
+    cfg.adjust_dcp_kv_cache_interleave_size(groups)
+    assert pc.cp_kv_cache_interleave_size == 16
+
+
+def test_try_verify_and_update_config_object_storage() -> None:
+    from pagedllm.config import LoadConfig
+    from pagedllm.config.support import allow_unsupported
+
+    with allow_unsupported():
+        cfg = EngineConfig(model_config=ModelConfig(model_weights="s3://bucket/model"))
+        assert cfg.load_config.load_format == "runai_streamer"
+        with pytest.raises(ValueError, match="load_format='safetensors' cannot load object-storage weights"):
+            EngineConfig(
+                model_config=ModelConfig(model_weights="s3://bucket/model"),
+                load_config=LoadConfig(load_format="safetensors"),
+            )
+    # The model hooks run once per model config: a second pass leaves a changed format alone.
+    cfg.load_config.load_format = "auto"
+    cfg.try_verify_and_update_config()
+    assert cfg.load_config.load_format == "auto" and cfg.model_config.config_updated
+    # Without the gate, object-storage weights are refused as unsupported.
+    with pytest.raises(ValueError, match="model_config.model_weights"):
+        EngineConfig(model_config=ModelConfig(model_weights="s3://bucket/model"))
+
+
+def test_breakable_cudagraph_env_keeps_piecewise_without_compilation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pagedllm.config import CompilationMode, CUDAGraphMode, default_breakable_cudagraph_architectures
+
+    assert default_breakable_cudagraph_architectures() == frozenset()
+    monkeypatch.setenv("PAGEDLLM_USE_BREAKABLE_CUDAGRAPH", "1")
+    cc = build_cuda().compilation_config
+    # P29: breakable graphs switch compilation off; P41/P50 then keep the piecewise part.
+    assert cc.mode == CompilationMode.NONE and cc.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
+
+
+def test_rocm_only_fusion_predicates_are_off() -> None:
+    from pagedllm.config import (
+        enable_mla_dual_rms_norm_fusion,
+        enable_norm_pad_fusion,
+        enable_qk_norm_rope_kvcache,
+        enable_rope_kvcache_fusion,
+    )
+
+    cfg = build_cuda(compilation={"custom_ops": ["all"]})
+    # AITER (ROCm) is never available, so these stay off even with every custom op on.
+    for predicate in (
+        enable_rope_kvcache_fusion,
+        enable_mla_dual_rms_norm_fusion,
+        enable_qk_norm_rope_kvcache,
+    ):
+        assert predicate(cfg) is False
+    assert enable_norm_pad_fusion(cfg) is False
+    cfg.kernel_config.ir_op_priority.fused_add_rms_norm = ["aiter"]
+    cfg.model_config.hf_text_config.hidden_size = 2880
+    assert enable_norm_pad_fusion(cfg) is True
+
+
+def test_level_table_must_set_flashinfer_autotune(monkeypatch: pytest.MonkeyPatch) -> None:
+    # P37: a level table that leaves kernel_config.enable_flashinfer_autotune unset is a bug, caught at
+    # construction rather than by a kernel reading None later.
+    table = {level: dict(value) for level, value in OPTIMIZATION_LEVEL_TO_CONFIG.items()}
+    del table[2]["kernel_config"]
+    monkeypatch.setattr("pagedllm.config.construction.OPTIMIZATION_LEVEL_TO_CONFIG", table)
+    with pytest.raises(ValueError, match="enable_flashinfer_autotune must be set"):
+        EngineConfig()
+    assert EngineConfig(optimization_level=1).kernel_config.enable_flashinfer_autotune is True

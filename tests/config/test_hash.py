@@ -62,8 +62,14 @@ def test_additional_config_object_hash() -> None:
         def compute_hash(self) -> str:
             return "EXTRA"
 
-    cfg = EngineConfig(model_config=ModelConfig(), additional_config=Extra())
+    from pagedllm.config.support import allow_unsupported
+
+    with allow_unsupported():
+        cfg = EngineConfig(model_config=ModelConfig(), additional_config=Extra())
     assert hash_factors(cfg)[-1] == "EXTRA"
+    # No platform plug-in reads it, so a normal construction refuses it rather than ignoring it.
+    with pytest.raises(ValueError, match="does not support: additional_config"):
+        EngineConfig(model_config=ModelConfig(), additional_config={"x": 1})
 
 
 _SCRIPT = "from pagedllm.config import EngineConfig, ModelConfig; print(EngineConfig(model_config=ModelConfig()).compute_hash())"
@@ -93,7 +99,13 @@ def test_hash_equal_across_processes() -> None:
         {"compilation": {"backend": "eager"}},
         {"optimization_level": 1},
         {"seqs": 8},
+        {"tokens": 4096},
         {"additional_config": {"x": 1}},
+        {"model_config": {"enforce_eager": True}},
+        {"model_config": {"hf_overrides": {"rms_norm_eps": 1e-3}}},
+        {"compilation": {"compile_ranges_endpoints": [512]}},
+        {"compilation": {"pass_config": {"rope_kvcache_fusion_max_token_num": 128}}},
+        {"performance_mode": "interactivity"},
     ],
 )
 def test_graph_affecting_change_changes_hash(change: dict) -> None:
@@ -123,6 +135,9 @@ def test_graph_affecting_change_changes_hash(change: dict) -> None:
         {"cache_config": {"gpu_memory_utilization": 0.5}},
         {"cache_config": {"enable_prefix_caching": False}},
         {"compilation": {"cache_dir": "/tmp/elsewhere"}},
+        {"compilation": {"debug_dump_path": "/tmp/dumps"}},
+        {"cache_config": {"num_gpu_blocks_override": 64}},
+        {"cache_config": {"kv_cache_memory_bytes": 2**30}},
     ],
 )
 def test_excluded_change_keeps_hash(change: dict) -> None:
@@ -137,3 +152,17 @@ def test_instance_id_not_hashed() -> None:
     a, b = build_cuda(), build_cuda()
     assert a.instance_id != b.instance_id or a.instance_id.isdigit()
     assert a.compute_hash() == b.compute_hash()
+
+
+def test_model_fields_outside_the_graph_keep_hash() -> None:
+    base = build_cuda().compute_hash()
+    from pagedllm.config.support import allow_unsupported
+    from pagedllm.platforms import override_platform
+
+    for change in ({"seed": 7}, {"served_model_name": "other"}, {"tokenizer_mode": "slow"}):
+        with override_platform("cuda", capability=(9, 0)), allow_unsupported():
+            other = EngineConfig(
+                model_config=ModelConfig(**change),
+                scheduler_config=SchedulerConfig(max_num_seqs=256, max_num_batched_tokens=8192),
+            )
+        assert other.compute_hash() == base, change

@@ -237,3 +237,34 @@ def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
     path = _write_gguf(tmp_path / "phi.gguf", "phi3", "tiny-phi")
     with pytest.raises(ValueError, match="GGUF architecture 'phi3' is not supported; supported: llama"):
         ModelConfig(model=str(path))
+
+
+def test_config_never_reads_weight_data(tmp_path: Path) -> None:
+    """ModelConfig/EngineConfig read config.json and at most safetensors headers: a checkpoint whose
+    tensor data is missing still configures (in milliseconds), and a corrupt header is left for the
+    weight loader to report instead of failing construction with a JSON error."""
+    import time
+
+    from safetensors.torch import save_file
+
+    from pagedllm.config import EngineConfig
+
+    path = Path(write_hf_dir(tmp_path / "truncated", tie_word_embeddings=True))
+    save_file(
+        {"lm_head.weight": torch.zeros(256, 64), "model.norm.weight": torch.zeros(64)}, path / "m.safetensors"
+    )
+    data = (path / "m.safetensors").read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    (path / "m.safetensors").write_bytes(data[:header_end])  # header only, no tensor bytes
+    ModelConfig(model=str(path))  # warm the transformers imports
+    start = time.perf_counter()
+    cfg = EngineConfig(model_config=ModelConfig(model=str(path)))
+    assert time.perf_counter() - start < 0.5
+    assert cfg.model_config.hf_text_config.tie_word_embeddings is False  # lm_head found in the header
+
+    corrupt = Path(write_hf_dir(tmp_path / "corrupt", tie_word_embeddings=True))
+    (corrupt / "model.safetensors").write_bytes((16).to_bytes(8, "little") + b"{not json!!!}xxx")
+    cfg = EngineConfig(model_config=ModelConfig(model=str(corrupt)))
+    assert cfg.model_config.hf_text_config.tie_word_embeddings is True
+    (corrupt / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"\0" * 64)
+    assert EngineConfig(model_config=ModelConfig(model=str(corrupt))).model_config is not None

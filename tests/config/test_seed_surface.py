@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import time
+import typing
 
 import pytest
 
@@ -141,3 +143,81 @@ def test_every_field_has_a_docstring() -> None:
             continue
         undocumented += [f"{name}.{field}" for field, info in fields.items() if not info.description]
     assert undocumented == []
+
+
+# Spec section 2: default of every top-level field ("factory" = a fresh default sub-config).
+FACTORY_FIELDS = {
+    "cache_config",
+    "parallel_config",
+    "scheduler_config",
+    "device_config",
+    "load_config",
+    "offload_config",
+    "attention_config",
+    "aux_output_config",
+    "mamba_config",
+    "kernel_config",
+    "structured_outputs_config",
+    "observability_config",
+    "logging_config",
+    "compilation_config",
+    "profiler_config",
+    "ec_manager_config",
+}
+NONE_FIELDS = {
+    "model_config",
+    "engram_config",
+    "lora_config",
+    "speculative_config",
+    "watermark_config",
+    "diffusion_config",
+    "quant_config",
+    "kv_transfer_config",
+    "kv_events_config",
+    "ec_transfer_config",
+    "reasoning_config",
+    "weight_transfer_config",
+}
+
+
+FACTORY_CLASS = {
+    "aux_output_config": "AuxOutputConfig",
+    "ec_manager_config": "EncoderCacheManagerConfig",
+    "structured_outputs_config": "StructuredOutputsConfig",
+}
+
+
+def _camel(field: str) -> str:
+    return "".join(part.capitalize() for part in field.split("_"))
+
+
+def test_top_level_defaults() -> None:
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    assert FACTORY_FIELDS | NONE_FIELDS | {
+        "additional_config",
+        "instance_id",
+        "optimization_level",
+        "performance_mode",
+        "shutdown_timeout",
+    } == set(fields)
+    info = EngineConfig.__pydantic_fields__
+    for name in NONE_FIELDS:
+        assert info[name].default is None, name
+    for name in FACTORY_FIELDS:
+        factory = info[name].default_factory
+        assert factory is not None, name
+        # cache_config -> CacheConfig, ec_manager_config -> EncoderCacheManagerConfig, ...
+        assert type(factory()).__name__ == FACTORY_CLASS.get(name, _camel(name)), name
+    assert info["additional_config"].default_factory() == {}
+    assert (info["instance_id"].default, info["optimization_level"].default) == ("", OptimizationLevel.O2)
+    assert (info["performance_mode"].default, info["shutdown_timeout"].default) == ("balanced", 0)
+    assert typing.get_args(info["performance_mode"].annotation) == ("balanced", "interactivity", "throughput")
+    a, b = EngineConfig(), EngineConfig()
+    # Each instance gets its own sub-configs: construction mutates them.
+    assert a.compilation_config is not b.compilation_config and a.cache_config is not b.cache_config
+
+
+def test_instance_id_is_always_the_construction_time() -> None:
+    before = time.time_ns()
+    cfg = EngineConfig(instance_id="mine")
+    assert cfg.instance_id.isdigit() and before <= int(cfg.instance_id) <= time.time_ns()

@@ -3,21 +3,32 @@ errors name the field."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from config_testing import build_cuda
 
+import pagedllm.config as config_pkg
 from pagedllm.config import (
     AttentionConfig,
+    AuxOutputConfig,
     CacheConfig,
     CompilationConfig,
     DiffusionConfig,
+    ECTransferConfig,
     EngineConfig,
     EngramConfig,
+    KernelConfig,
+    KVEventsConfig,
     KVTransferConfig,
     LoadConfig,
+    LoggingConfig,
     LoRAConfig,
+    MambaConfig,
     ModelConfig,
+    ObservabilityConfig,
     ParallelConfig,
+    ProfilerConfig,
     ReasoningConfig,
     SchedulerConfig,
     SpeculativeConfig,
@@ -68,6 +79,88 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
         EngineConfig(model_config=ModelConfig(), **fields)
 
 
+# Options that only mean something to a feature pagedllm lacks: any value but the default is refused.
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        ({"parallel_config": ParallelConfig(tensor_parallel_size=3)}, "tensor_parallel_size > 1"),
+        ({"parallel_config": ParallelConfig(distributed_executor_backend="ray")}, "backend='ray'"),
+        ({"parallel_config": ParallelConfig(data_parallel_external_lb=True)}, "data_parallel_external_lb"),
+        ({"parallel_config": ParallelConfig(dcp_comm_backend="a2a")}, "dcp_comm_backend"),
+        ({"parallel_config": ParallelConfig(all2all_backend="naive")}, "all2all_backend"),
+        ({"parallel_config": ParallelConfig(enable_fault_tolerance=True)}, "enable_fault_tolerance"),
+        ({"cache_config": CacheConfig(mamba_cache_mode="all")}, "mamba_cache_mode"),
+        ({"cache_config": CacheConfig(replayssm_buffer_len=16)}, "replayssm_buffer_len"),
+        ({"cache_config": CacheConfig(kv_offloading_backend="lmcache")}, "kv_offloading_backend"),
+        ({"scheduler_config": SchedulerConfig(stream_interval=4)}, "stream_interval"),
+        ({"scheduler_config": SchedulerConfig(runner_type="pooling")}, "runner_type"),
+        ({"scheduler_config": SchedulerConfig(disable_chunked_mm_input=True)}, "disable_chunked_mm_input"),
+        ({"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar")}, "structured_outputs"),
+        (
+            {"structured_outputs_config": StructuredOutputsConfig(disable_any_whitespace=True)},
+            "disable_any_whitespace",
+        ),
+        ({"profiler_config": ProfilerConfig(profiler="torch")}, "profiler_config.profiler"),
+        ({"profiler_config": ProfilerConfig(torch_profiler_dir="/tmp/p")}, "torch_profiler_dir"),
+        ({"mamba_config": MambaConfig(backend="flashinfer")}, "mamba_config.backend"),
+        ({"attention_config": AttentionConfig(backend="triton_paged")}, "triton_paged"),
+        ({"kernel_config": KernelConfig(ir_op_priority={"rms_norm": ["aiter"]})}, "aiter"),
+        ({"load_config": LoadConfig(model_loader_extra_config={"x": 1})}, "model_loader_extra_config"),
+        (
+            {"observability_config": ObservabilityConfig(show_hidden_metrics_for_version="0.1")},
+            "show_hidden_metrics_for_version",
+        ),
+        ({"logging_config": LoggingConfig(max_log_len=10)}, "max_log_len"),
+        ({"kv_events_config": KVEventsConfig(topic="kv")}, "kv_events_config.topic"),
+    ],
+)
+def test_option_of_missing_feature_rejected(fields: dict, flag: str) -> None:
+    with pytest.raises(ValueError, match=f"does not support: .*{re.escape(flag)}"):
+        EngineConfig(model_config=ModelConfig(), **fields)
+
+
+def test_supported_values_of_the_same_options_pass() -> None:
+    cfg = EngineConfig(
+        model_config=ModelConfig(),
+        attention_config=AttentionConfig(backend="torch_paged"),
+        kernel_config=KernelConfig(ir_op_priority={"rms_norm": ["native"]}),
+        kv_events_config=KVEventsConfig(),
+        parallel_config=ParallelConfig(distributed_executor_backend="uni"),
+    )
+    assert unsupported_features(cfg) == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        # Each of these trips its own consistency rule first (HiSparse needs CUDA, DBO a DeepEP
+        # backend, engram an engram model, aux outputs a V2 runner, an encoder producer a multimodal
+        # model, proton CUDA): the error must still say the feature is unsupported.
+        ({"attention_config": AttentionConfig(hisparse_config={})}, "hisparse_config"),
+        ({"parallel_config": ParallelConfig(enable_dbo=True)}, "enable_dbo"),
+        ({"engram_config": EngramConfig()}, "engram_config"),
+        ({"aux_output_config": AuxOutputConfig(return_routed_experts=True)}, "return_routed_experts"),
+        ({"ec_transfer_config": ECTransferConfig(ec_role="ec_producer")}, "ec_transfer_config"),
+        ({"profiler_config": ProfilerConfig(profiler="proton")}, "profiler_config.profiler"),
+    ],
+)
+def test_unsupported_named_before_its_own_consistency_error(fields: dict, flag: str) -> None:
+    with pytest.raises(ValueError, match=f"does not support: .*{re.escape(flag)}") as info:
+        EngineConfig(model_config=ModelConfig(), **fields)
+    assert "Construction also reported" in str(info.value)
+
+
+def test_consistency_errors_kept_when_gate_lifted_or_nothing_unsupported() -> None:
+    with allow_unsupported(), pytest.raises(ValueError, match="HiSparse needs CUDA"):
+        EngineConfig(model_config=ModelConfig(), attention_config=AttentionConfig(hisparse_config={}))
+    with pytest.raises(ValueError, match="needs speculative decoding") as info:
+        EngineConfig(
+            model_config=ModelConfig(),
+            observability_config=ObservabilityConfig(per_request_spec_decode_metrics="summary"),
+        )
+    assert "does not support" not in str(info.value)
+
+
 def test_unsupported_model_features() -> None:
     with pytest.raises(ValueError, match="model_config.pooler_config"):
         EngineConfig(model_config=ModelConfig(pooler_config={}))
@@ -106,6 +199,36 @@ def test_unknown_field() -> None:
         SchedulerConfig(max_num_seq=4)
     with pytest.raises(ValueError, match="blocksize"):
         EngineConfig(blocksize=16)
+
+
+SUB_CONFIGS = [
+    getattr(config_pkg, name)
+    for name in config_pkg.__all__
+    if hasattr(getattr(config_pkg, name), "__pydantic_fields__")
+]
+
+
+@pytest.mark.parametrize("cls", SUB_CONFIGS, ids=[c.__name__ for c in SUB_CONFIGS])
+def test_every_config_class_forbids_unknown_fields(cls: type) -> None:
+    with pytest.raises(ValueError, match=r"no_such_field\n.*Unexpected keyword argument"):
+        cls(no_such_field=1)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: CacheConfig(block_size="big"), "block_size"),
+        (lambda: SchedulerConfig(max_num_seqs="many"), "max_num_seqs"),
+        (lambda: ParallelConfig(tensor_parallel_size=1.5), "tensor_parallel_size"),
+        (lambda: ModelConfig(enforce_eager="maybe"), "enforce_eager"),
+        (lambda: CompilationConfig(cudagraph_capture_sizes="1,2"), "cudagraph_capture_sizes"),
+        (lambda: EngineConfig(shutdown_timeout="soon"), "shutdown_timeout"),
+        (lambda: EngineConfig(cache_config={"block_size": -1}), "cache_config.block_size"),
+    ],
+)
+def test_wrong_type_names_the_field(build, field: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(field)):
+        build()
 
 
 def test_negative_shutdown_timeout() -> None:

@@ -86,3 +86,33 @@ def test_watermark_with_dspark_parallel_drafting(triton_installed: None) -> None
         speculative=SpeculativeConfig(method="dspark", num_speculative_tokens=2, parallel_drafting=True)
     )
     assert check_supports_watermarking(cfg) is True
+
+
+def test_watermark_spec_rules_beyond_the_spec_examples(
+    caplog: pytest.LogCaptureFixture, triton_installed: None
+) -> None:
+    eagle3 = dict(method="eagle3", num_speculative_tokens=2)
+    with pytest.raises(ValueError, match="rejection_sample_method='standard'"):
+        _cfg(speculative=SpeculativeConfig(**eagle3, rejection_sample_method="strict"))
+    with allow_unsupported():
+        with pytest.raises(
+            ValueError, match="'kgw' does not support speculative decoding.*allow_target_only"
+        ):
+            EngineConfig(
+                model_config=ModelConfig(),
+                watermark_config=WatermarkConfig(algorithm="kgw"),
+                speculative_config=SpeculativeConfig(**eagle3),
+            )
+        with caplog.at_level(logging.WARNING, logger="pagedllm.config"):
+            EngineConfig(
+                model_config=ModelConfig(),
+                watermark_config=WatermarkConfig(algorithm="kgw", allow_target_only_watermarking=True),
+                speculative_config=SpeculativeConfig(**eagle3),
+            )
+            EngineConfig(
+                model_config=ModelConfig(),
+                watermark_config=WatermarkConfig(algorithm="dual_key_gumbel", alpha=0.9),
+                speculative_config=SpeculativeConfig(**eagle3),
+            )
+    assert "target tokens only" in caplog.text
+    assert "alpha is unused under speculative decoding" in caplog.text

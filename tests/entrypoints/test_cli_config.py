@@ -74,6 +74,9 @@ def test_config_show_json_matches_in_process_config(tiny_model: str) -> None:
     assert config["compilation_config"]["mode"] == "NONE"
     assert config["device_config"]["device"] == "cpu"
     assert config["speculative_config"] is None
+    # No CUDA graphs on CPU: no capture sizes either.
+    assert config["compilation_config"]["cudagraph_capture_sizes"] == []
+    assert config["compilation_config"]["max_cudagraph_capture_size"] == 0
     # The hash is stable across processes: this process computes the same one from the same options.
     parser = cli.build_parser("config")[0]
     args = parser.parse_args(["config", "show", *flags])
@@ -96,6 +99,10 @@ def test_main_in_process(tiny_model: str, capsys: pytest.CaptureFixture[str]) ->
     assert cli.main(["config", "show", "--model", tiny_model, "--block-size", "0"]) == 2
     err = capsys.readouterr().err
     assert "block_size" in err and "Traceback" not in err
+    # A feature pagedllm does not implement: refused by name, same exit status.
+    assert cli.main(["config", "show", "--model", tiny_model, "--stream-interval", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "does not support: scheduler_config.stream_interval" in err and "Traceback" not in err
 
 
 def test_top_level_help_lists_commands_without_loading_them(capsys: pytest.CaptureFixture[str]) -> None:
