@@ -10,7 +10,8 @@ from remote_server import RemoteServer
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RemoteServer]:
-    remote = RemoteServer()
+    # A short stats interval so that a test sees the periodic log line (10 s by default).
+    remote = RemoteServer(extra_args=["--log-stats-interval", "1"])
     try:
         yield remote
     finally:

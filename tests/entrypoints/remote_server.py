@@ -66,8 +66,11 @@ class RemoteServer:
         # The engine core process, known now that the server answers.
         self.children = self.psutil_proc.children(recursive=True)
 
+    def log_text(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
     def log_tail(self, chars: int = 4000) -> str:
-        return Path(self._log.name).read_text(errors="replace")[-chars:]
+        return self.log_text()[-chars:]
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S

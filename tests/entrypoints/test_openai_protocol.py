@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -108,3 +110,56 @@ def test_validation_errors_become_openai_400s() -> None:
         assert error["type"] == "BadRequestError"
         assert "pydantic" not in error["message"]
     assert client.post("/c", json={}).json()["error"]["message"] == "prompt is required"
+
+
+def test_echo_with_logprobs_asks_for_prompt_logprobs() -> None:
+    assert CompletionRequest(prompt="x", echo=True, logprobs=2).to_sampling_params().prompt_logprobs == 2
+    assert CompletionRequest(prompt="x", logprobs=2).to_sampling_params().prompt_logprobs is None
+    explicit = CompletionRequest(prompt="x", echo=True, logprobs=2, prompt_logprobs=5)
+    assert explicit.to_sampling_params().prompt_logprobs == 5
+
+
+def test_stream_options_need_stream() -> None:
+    from pagedllm.entrypoints.openai.serving_utils import check_stream_options
+
+    check_stream_options(CompletionRequest(prompt="x", stream=True, stream_options={"include_usage": True}))
+    check_stream_options(CompletionRequest(prompt="x"))
+    with pytest.raises(OpenAIError) as info:
+        check_stream_options(CompletionRequest(prompt="x", stream_options={"include_usage": True}))
+    assert info.value.param == "stream_options"
+
+
+def test_http_errors_and_hand_validated_bodies_in_openai_shape() -> None:
+    import json
+
+    from pydantic import ValidationError
+    from starlette.exceptions import HTTPException
+
+    from pagedllm.entrypoints.openai.errors import http_error_response, validation_error
+    from pagedllm.entrypoints.openai.protocol import TokenizeChatRequest
+
+    response = http_error_response(HTTPException(405, headers={"Allow": "POST"}))
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
+    assert json.loads(response.body)["error"] == {
+        "message": "Method Not Allowed",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 405,
+    }
+    with pytest.raises(ValidationError) as info:
+        TokenizeChatRequest.model_validate({"messages": "x"})
+    error = validation_error(info.value)
+    assert error.param == "messages" and "TokenizeChatRequest" not in error.message
+
+
+def test_server_chat_template_is_checked_once(tmp_path: Path) -> None:
+    from pagedllm.entrypoints.openai.serving_chat import load_chat_template
+
+    path = tmp_path / "t.jinja"
+    path.write_text("{{ messages[0]['content'] }}")
+    assert load_chat_template(str(path)) == "{{ messages[0]['content'] }}"
+    assert load_chat_template("{{ x }}") == "{{ x }}"
+    with pytest.raises(ValueError, match="not a valid Jinja template"):
+        load_chat_template("{% for %}")
+    with pytest.raises(ValueError, match="neither a template nor a file"):
+        load_chat_template(str(tmp_path / "missing.jinja"))

@@ -95,17 +95,27 @@ def test_completion_prompt_forms_n_and_usage(
     server: RemoteServer, client: openai.OpenAI, greedy: Completion
 ) -> None:
     ids = _tokenize(server, prompt=PROMPT)
-    from_ids, batch, echoed = parallel(
+    from_ids, id_lists, batch, echoed, top_k = parallel(
         lambda: client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=8, temperature=0),
+        lambda: client.completions.create(model=MODEL_NAME, prompt=[ids, ids], max_tokens=8, temperature=0),
         lambda: client.completions.create(
             model=MODEL_NAME, prompt=[PROMPT, "Once upon a time"], max_tokens=4, n=2, temperature=0.8, seed=7,
             extra_body={"ignore_eos": True},
         ),
         lambda: client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, echo=True),
+        # vLLM's extra sampling fields are applied: top_k=1 turns a very hot sampler into greedy decoding.
+        lambda: client.completions.create(
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=5.0, seed=0,
+            extra_body={"top_k": 1, "min_p": 0.0, "repetition_penalty": 1.0},
+        ),
     )  # fmt: skip
     assert from_ids.choices[0].text == greedy.choices[0].text
     assert from_ids.usage.prompt_tokens == len(ids)
+    assert [c.text for c in id_lists.choices] == [greedy.choices[0].text] * 2
+    assert [c.index for c in id_lists.choices] == [0, 1]
+    assert id_lists.usage.prompt_tokens == 2 * len(ids)
     assert echoed.choices[0].text == PROMPT + greedy.choices[0].text
+    assert top_k.choices[0].text == greedy.choices[0].text
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
     assert all(c.finish_reason == "length" for c in batch.choices)
     other_ids = _tokenize(server, prompt="Once upon a time")
@@ -124,6 +134,30 @@ def test_completion_logprobs(greedy: Completion) -> None:
         assert 3 <= len(top) <= 4
         # Greedy: the sampled token is the most likely one.
         assert top[token] == pytest.approx(max(top.values()))
+
+
+def test_completion_echo_with_logprobs(
+    server: RemoteServer, client: openai.OpenAI, greedy: Completion
+) -> None:
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, echo=True, logprobs=2
+    )
+    choice = response.choices[0]
+    assert choice.text == PROMPT + greedy.choices[0].text
+    logprobs = choice.logprobs
+    num_prompt = len(_tokenize(server, prompt=PROMPT))
+    assert len(logprobs.tokens) == num_prompt + response.usage.completion_tokens
+    assert "".join(logprobs.tokens) == choice.text
+    # Nothing predicts the first prompt token; every later one has its logprob and top candidates.
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert all(lp <= 0.0 for lp in logprobs.token_logprobs[1:])
+    assert all(token in top for token, top in zip(logprobs.tokens[1:], logprobs.top_logprobs[1:]))
+    offsets = [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    assert logprobs.text_offset == offsets
+    # The generated part carries the same logprobs as without echo.
+    assert logprobs.token_logprobs[num_prompt:] == pytest.approx(
+        greedy.choices[0].logprobs.token_logprobs, abs=1e-3
+    )
 
 
 def test_completion_stop_string(client: openai.OpenAI, greedy: Completion) -> None:
@@ -198,13 +232,37 @@ def test_chat_full_and_streamed(server: RemoteServer, client: openai.OpenAI) -> 
     assert text == message.content
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+    # A stop string cuts the same greedy answer where it first occurs.
+    content = message.content
+    assert len(content) >= 3, content
+    stop = content[len(content) // 2 :][:2]
+    stopped = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0, stop=[stop]
+    )
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].message.content == content[: content.index(stop)]
 
 
 def test_chat_n_logprobs_and_token_limits(client: openai.OpenAI) -> None:
-    response = client.chat.completions.create(
+    kwargs = dict(
         model=MODEL_NAME, messages=MESSAGES, max_completion_tokens=4, n=2, temperature=1.0, seed=3,
         logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True},
     )  # fmt: skip
+    response, chunks = parallel(
+        lambda: client.chat.completions.create(**kwargs),
+        lambda: list(client.chat.completions.create(**kwargs, stream=True)),
+    )
+    # Seeded: the stream gives the same n answers, each choice with its own role chunk and logprobs.
+    streamed: dict[int, str] = {}
+    streamed_logprobs: dict[int, list[str]] = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+            if c.logprobs is not None:
+                streamed_logprobs.setdefault(c.index, []).extend(item.token for item in c.logprobs.content)
+    assert [c.choices[0].delta.role for c in chunks[:2]] == ["assistant", "assistant"]
+    assert streamed == {c.index: c.message.content for c in response.choices}
+    assert {i: "".join(tokens) for i, tokens in streamed_logprobs.items()} == streamed
     assert sorted(c.index for c in response.choices) == [0, 1]
     assert response.usage.completion_tokens == 8
     for choice in response.choices:
@@ -220,13 +278,26 @@ def test_chat_n_logprobs_and_token_limits(client: openai.OpenAI) -> None:
 
 
 def test_chat_template_override_and_generation_prompt(server: RemoteServer, client: openai.OpenAI) -> None:
-    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": "Hi!"},
+        {"role": "user", "content": "Bye"},
+    ]
     response = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "Hello there"}], max_tokens=2, temperature=0,
+        model=MODEL_NAME, messages=messages, max_tokens=2, temperature=0,
         extra_body={"chat_template": template, "add_generation_prompt": False},
     )  # fmt: skip
-    expected = _tokenize(server, prompt="user: Hello there\n", add_special_tokens=False)
+    rendered = "system: Be brief.\nuser: Hello there\nassistant: Hi!\nuser: Bye\n"
+    expected = _tokenize(server, prompt=rendered, add_special_tokens=False)
     assert response.usage.prompt_tokens == len(expected)
+    # The generation prompt is on by default (checked through /tokenize, which renders the same way).
+    with_prompt = _tokenize(server, messages=messages, chat_template=template)
+    assert with_prompt == _tokenize(server, prompt=rendered + "assistant:", add_special_tokens=False)
 
 
 # ------------------------------------------------------------------------------- concurrency, aborts
@@ -257,7 +328,37 @@ def test_64_concurrent_streams(server: RemoteServer) -> None:
         assert prompt_tokens == len(_tokenize(server, prompt=f"Request number {i}:"))
 
 
+def test_periodic_stats_log_line(server: RemoteServer) -> None:
+    # The server runs with --log-stats-interval 1; earlier tests kept it busy for many intervals.
+    lines = [line for line in server.log_text().splitlines() if "Avg generation throughput" in line]
+    assert lines, server.log_tail()
+    busy = [line for line in lines if not re.search(r"Avg generation throughput: 0\.0 ", line)]
+    assert busy, lines[-5:]
+    for part in ("Avg prompt throughput", "Running:", "Waiting:", "KV cache usage:"):
+        assert part in busy[-1]
+
+
+def _wait_idle(server: RemoteServer) -> dict[str, float]:
+    """The metrics once no request runs and no KV block is in use (or after 30 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        metrics = _metrics(server)
+        if metrics["pagedllm:kv_cache_usage_perc"] == 0 and metrics["pagedllm:num_requests_running"] == 0:
+            break
+        time.sleep(0.2)
+    return metrics
+
+
+def _aborted(server: RemoteServer) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    match = re.search(
+        r'^pagedllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$', text, re.M
+    )
+    return float(match.group(1)) if match else 0.0
+
+
 def test_aborted_stream_frees_blocks(server: RemoteServer) -> None:
+    aborted_before = _aborted(server)
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 400, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
@@ -266,16 +367,21 @@ def test_aborted_stream_frees_blocks(server: RemoteServer) -> None:
         assert received
         assert _metrics(server)["pagedllm:kv_cache_usage_perc"] > 0
     # Closing the connection aborts the request: its blocks go back to the pool.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        metrics = _metrics(server)
-        if metrics["pagedllm:kv_cache_usage_perc"] == 0 and metrics["pagedllm:num_requests_running"] == 0:
-            break
-        time.sleep(0.2)
+    metrics = _wait_idle(server)
     assert metrics["pagedllm:kv_cache_usage_perc"] == 0
     assert metrics["pagedllm:num_requests_running"] == 0
     assert metrics["pagedllm:generation_tokens_total"] > 0
     assert metrics["pagedllm:time_to_first_token_seconds_count"] > 0
+    assert _aborted(server) == aborted_before + 1
+
+    # A client that gives up on a non-streaming request (here: a read timeout) aborts it too.
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=1))
+    metrics = _wait_idle(server)
+    assert metrics["pagedllm:kv_cache_usage_perc"] == 0
+    assert metrics["pagedllm:num_requests_running"] == 0
+    assert _aborted(server) == aborted_before + 2
 
 
 # ----------------------------------------------------------------------------------------------- errors
@@ -304,6 +410,12 @@ def test_length_errors_name_parameter_and_numbers(server: RemoteServer) -> None:
     chat = {"messages": [{"role": "user", "content": "hi " * 600}], "max_tokens": 4}
     message = _error(httpx.post(f"{server.url}/v1/chat/completions", json=chat), 400, "messages")
     assert "512" in message
+    # The limit is named as the client gave it, with the room left in the context.
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=chat)
+    message = _error(response, 400, "max_completion_tokens")
+    room = 512 - len(_tokenize(server, messages=chat["messages"]))
+    assert "1000" in message and "512" in message and str(room) in message
 
 
 @pytest.mark.parametrize(
@@ -316,6 +428,9 @@ def test_length_errors_name_parameter_and_numbers(server: RemoteServer) -> None:
         ({"prompt": PROMPT, "max_tokens": "many"}, "max_tokens"),
         ({"prompt": PROMPT, "stop": 5}, "stop"),
         ({"prompt": PROMPT, "suffix": "x"}, "suffix"),
+        ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": PROMPT, "echo": True, "logprobs": 1, "stream": True}, "echo"),
+        ({"prompt": PROMPT, "top_k": -5}, "top_k"),
         ({"max_tokens": 3}, "prompt"),
         ({"prompt": [100, 10**7]}, "prompt"),
     ],
@@ -334,10 +449,36 @@ def test_completion_validation_errors(server: RemoteServer, body: dict[str, obje
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
         ({"messages": "hello"}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template": "{% for %}"}, "chat_template"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {}}, "stream_options"),
     ],
 )
 def test_chat_validation_errors(server: RemoteServer, body: dict[str, object], param: str) -> None:
     _error(httpx.post(f"{server.url}/v1/chat/completions", json=body), 400, param)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        ("/tokenize", {}, "prompt"),
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {"messages": "x"}, "messages"),
+        ("/tokenize", {"prompt": "x", "add_special_tokens": "maybe"}, "add_special_tokens"),
+        ("/tokenize", [1, 2], None),
+        ("/detokenize", {"tokens": ["a"]}, "tokens"),
+        ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ],
+)
+def test_tokenization_errors(server: RemoteServer, route: str, body: object, param: str | None) -> None:
+    message = _error(httpx.post(f"{server.url}{route}", json=body), 400, param)
+    assert "Request" not in message  # no schema class names
+
+
+def test_unknown_route_and_method_in_openai_shape(server: RemoteServer) -> None:
+    _error(httpx.get(f"{server.url}/v1/no-such-route"), 404, None)
+    response = httpx.get(f"{server.url}/v1/completions")
+    _error(response, 405, None)
+    assert "POST" in response.headers["allow"]
 
 
 def test_malformed_json_is_400(server: RemoteServer) -> None:

@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
-from remote_server import MODEL_NAME, RemoteServer
+from remote_server import MODEL_NAME, SERVER_ARGS, RemoteServer, free_port
 
 pytestmark = pytest.mark.slow
 
 
-def test_api_key_then_engine_killed() -> None:
-    server = RemoteServer(extra_args=["--served-model-name", "smol"], env={"PAGEDLLM_API_KEY": "sekrit"})
+def test_api_key_then_engine_killed(tmp_path: Path) -> None:
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
+    server = RemoteServer(
+        extra_args=["--served-model-name", "smol", "--chat-template", str(template), "--enable-log-requests"],
+        env={"PAGEDLLM_API_KEY": "sekrit"},
+    )
     try:
+        # --chat-template (a file) replaces the model's template.
+        chat = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]})
+        plain = httpx.post(
+            f"{server.url}/tokenize", json={"prompt": "[user] Hi", "add_special_tokens": False}
+        )
+        assert chat.json()["tokens"] == plain.json()["tokens"]
         # API key on: /v1 needs it, /health does not.
         wrong = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
@@ -31,6 +47,7 @@ def test_api_key_then_engine_killed() -> None:
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=1)
         assert 'model_name="smol"' in httpx.get(f"{server.url}/metrics").text
+        assert "Received request" in server.log_text()  # --enable-log-requests
 
         # A long stream in flight when the engine core is killed: it ends with an error, no hang.
         outcome: dict[str, object] = {}
@@ -47,17 +64,29 @@ def test_api_key_then_engine_killed() -> None:
             except Exception as e:  # the stream breaks off with an error event
                 outcome["ended"] = repr(e)
 
-        thread = threading.Thread(target=stream_long)
-        thread.start()
+        def full_long() -> None:
+            try:
+                client.completions.create(
+                    model="smol", prompt="Count:", max_tokens=400, extra_body={"ignore_eos": True}
+                )
+                outcome["full"] = "normally"
+            except openai.APIStatusError as e:
+                outcome["full"] = e.status_code
+
+        threads = [threading.Thread(target=stream_long), threading.Thread(target=full_long)]
+        for thread in threads:
+            thread.start()
         deadline = time.monotonic() + 60
         while not outcome.get("chunks") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert outcome.get("chunks"), server.log_tail()
         server.engine_process().kill()
-        thread.join(30)
-        assert not thread.is_alive(), "the stream hung after the engine died"
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive(), "a request hung after the engine died"
         assert outcome["ended"] != "normally"
         assert "engine" in str(outcome["ended"]).lower()
+        assert outcome["full"] == 503
 
         health = httpx.get(f"{server.url}/health", timeout=10)
         assert health.status_code == 503
@@ -73,13 +102,21 @@ def test_api_key_then_engine_killed() -> None:
 
 
 def test_sigterm_drains_requests_in_flight() -> None:
-    server = RemoteServer(extra_args=["--shutdown-timeout", "120"])
+    server = RemoteServer(
+        extra_args=[
+            "--shutdown-timeout", "120", "--api-key", "flag-key", "--enable-log-requests",
+            "--disable-log-requests",
+        ]
+    )  # fmt: skip
     try:
         result: dict[str, object] = {}
+        auth = {"Authorization": "Bearer flag-key"}
+        assert httpx.get(f"{server.url}/v1/models").status_code == 401
+        assert httpx.get(f"{server.url}/v1/models", headers=auth).status_code == 200
 
         def long_request() -> None:
             body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 16, "ignore_eos": True}
-            response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
+            response = httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=120)
             result["status"] = response.status_code
             result["body"] = response.json()
 
@@ -93,10 +130,66 @@ def test_sigterm_drains_requests_in_flight() -> None:
                 break
             time.sleep(0.05)
         server.send_signal(signal.SIGTERM)
+        # Draining: the listening socket is closed, so new connections are refused.
+        refused = False
+        deadline = time.monotonic() + 30
+        while not refused and time.monotonic() < deadline:
+            try:
+                httpx.get(f"{server.url}/health", timeout=5)
+                time.sleep(0.05)
+            except httpx.ConnectError:
+                refused = True
+        assert refused
         thread.join(180)
         assert result.get("status") == 200, (result, server.log_tail())
         assert result["body"]["usage"]["completion_tokens"] == 16  # type: ignore[index]
         assert server.wait(60) == 0
         assert server.leftover_children() == []
+        assert "Received request" not in server.log_text()  # --disable-log-requests wins
     finally:
         server.kill()
+
+
+def test_no_orphans_when_stopped_while_starting_or_killed() -> None:
+    # SIGTERM while the engine core is still loading: the server exits with 0 and takes the core along.
+    port = free_port()
+    cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--port", str(port), *SERVER_ARGS]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            "spawn_main" in " ".join(p.cmdline()) for p in parent.children()
+        ):
+            time.sleep(0.05)
+        children = parent.children(recursive=True)
+        assert children
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+    # kill -9 of the API server cannot run any clean-up: the engine core notices its parent is gone.
+    server = RemoteServer()
+    try:
+        server.proc.kill()
+        server.proc.wait(10)
+        assert server.leftover_children() == []
+    finally:
+        server.kill()
+
+
+def test_bad_chat_template_flag_fails_before_loading_the_model(tmp_path: Path) -> None:
+    template = tmp_path / "broken.jinja"
+    template.write_text("{% for %}")
+    cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--port", str(free_port())]
+    result = subprocess.run(
+        [*cmd, *SERVER_ARGS, "--chat-template", str(template)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert "--chat-template is not a valid Jinja template" in result.stderr
+    assert "engine core" not in result.stderr.lower()

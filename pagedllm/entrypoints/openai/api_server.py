@@ -15,18 +15,25 @@ import secrets
 import signal
 from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import Body, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagedllm
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineDeadError
-from pagedllm.entrypoints.openai.errors import OpenAIError, error_response, validation_error
+from pagedllm.entrypoints.openai.errors import (
+    OpenAIError,
+    error_response,
+    http_error_response,
+    validation_error,
+)
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,7 +41,7 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -114,6 +121,16 @@ def build_app(
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(validation_error(exc))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return http_error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this; the client gets the error in OpenAI's shape.
+        message = f"Internal server error: {type(exc).__name__}: {exc}"
+        return error_response(OpenAIError(message, HTTPStatus.INTERNAL_SERVER_ERROR))
+
     @app.exception_handler(EngineDeadError)
     async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return error_response(
@@ -154,7 +171,14 @@ def build_app(
         return await _respond(raw, chat.create(request))
 
     @app.post("/tokenize")
-    async def tokenize(request: TokenizeChatRequest | TokenizeCompletionRequest) -> JSONResponse:
+    async def tokenize(body: Annotated[dict[str, Any], Body()]) -> JSONResponse:
+        # The body's keys pick the schema: validating against a union would report errors under the
+        # model classes' names instead of the request's fields.
+        schema = TokenizeChatRequest if "messages" in body else TokenizeCompletionRequest
+        try:
+            request = schema.model_validate(body)
+        except ValidationError as e:
+            raise validation_error(e) from e
         return JSONResponse(tokenization.tokenize(request).model_dump())
 
     @app.post("/detokenize")
@@ -186,12 +210,20 @@ async def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> i
     names = served_names(model_config.served_model_name, str(model_config.model))
     log_requests = engine_config.logging_config.enable_log_requests and not args.disable_log_requests
     api_key = args.api_key if args.api_key is not None else os.environ.get("PAGEDLLM_API_KEY")
+    chat_template = None
+    if args.chat_template is not None:
+        try:
+            chat_template = load_chat_template(args.chat_template)
+        except ValueError as e:
+            # Before the engine starts: a bad flag should not cost a model load.
+            logger.error("%s", e)
+            return 2
 
     engine = await AsyncLLM.create(
         engine_config, names[0], log_stats=not engine_config.logging_config.disable_log_stats
     )
     try:
-        app = build_app(engine, names, api_key or None, args.chat_template, log_requests)
+        app = build_app(engine, names, api_key or None, chat_template, log_requests)
         config = uvicorn.Config(
             app,
             host=args.host,
@@ -203,16 +235,19 @@ async def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> i
         )
         server = uvicorn.Server(config)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
-        signal.signal(signal.SIGTERM, _ignore_signal)
-        signal.signal(signal.SIGINT, _ignore_signal)
+
+        def _stop(signum: int, frame: Any) -> None:
+            # A signal between start-up and uvicorn installing its own handlers must still stop the
+            # server (serve() then exits at once); uvicorn also re-raises the signal it handled after
+            # draining, which lands here too and is then harmless.
+            server.should_exit = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
         await server.serve()
     finally:
         await engine.shutdown()
     return 0
-
-
-def _ignore_signal(signum: int, frame: Any) -> None:
-    """After uvicorn handled SIGTERM/SIGINT (drained and stopped), it re-raises the signal: let it pass."""
 
 
 def _interrupt_startup(signum: int, frame: Any) -> None:
@@ -221,7 +256,8 @@ def _interrupt_startup(signum: int, frame: Any) -> None:
 
 def main(args: argparse.Namespace, engine_config: EngineConfig) -> int:
     # A signal during start-up aborts it (the engine process is cleaned up); once uvicorn runs, its own
-    # handlers drain and stop the server, then re-raise the signal, which must not kill us with status != 0.
+    # handlers drain and stop the server, then re-raise the signal, which must not kill us with status != 0
+    # (run_server installs a handler for that).
     signal.signal(signal.SIGTERM, _interrupt_startup)
     signal.signal(signal.SIGINT, _interrupt_startup)
     try:

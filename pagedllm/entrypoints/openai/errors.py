@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from http import HTTPStatus
+from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 
 from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
@@ -39,11 +42,22 @@ def _default_type(status: HTTPStatus) -> str:
     return "BadRequestError"
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
+def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(
         error=ErrorInfo(message=error.message, type=error.err_type, param=error.param, code=int(error.status))
     )
-    return JSONResponse(body.model_dump(), status_code=int(error.status))
+    return JSONResponse(body.model_dump(), status_code=int(error.status), headers=headers)
+
+
+def http_error_response(exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (unknown route, wrong method) in OpenAI's shape rather than ``{"detail"}``."""
+    try:
+        status = HTTPStatus(exc.status_code)
+    except ValueError:  # a status http.HTTPStatus does not know
+        status = HTTPStatus.BAD_REQUEST if exc.status_code < 500 else HTTPStatus.INTERNAL_SERVER_ERROR
+    message = exc.detail if isinstance(exc.detail, str) and exc.detail else status.phrase
+    # Keep headers such as 405's Allow.
+    return error_response(OpenAIError(message, status), headers=exc.headers)
 
 
 def guess_param(message: str, candidates: Iterable[str]) -> str | None:
@@ -56,9 +70,11 @@ def guess_param(message: str, candidates: Iterable[str]) -> str | None:
     return None if best is None else best[1]
 
 
-def validation_error(exc: RequestValidationError) -> OpenAIError:
-    """A 400 naming the field, instead of FastAPI's 422 with pydantic internals."""
-    errors = exc.errors()
+def validation_error(exc: RequestValidationError | ValidationError) -> OpenAIError:
+    """A 400 naming the field, instead of FastAPI's 422 with pydantic internals.
+
+    Also takes pydantic's own ValidationError, for bodies a route validates by hand."""
+    errors: Sequence[Any] = exc.errors()
     if not errors:
         return OpenAIError("Invalid request")
     first = errors[0]

@@ -48,7 +48,7 @@ class UsageInfo(OpenAIBaseModel):
     total_tokens: int = 0
 
 
-class _SamplingFields(OpenAIBaseModel):
+class SamplingFields(OpenAIBaseModel):
     """Sampling fields shared by completions and chat: OpenAI's and vLLM's extra ones."""
 
     model: str | None = None
@@ -79,7 +79,9 @@ class _SamplingFields(OpenAIBaseModel):
     prompt_logprobs: int | None = None
     priority: int = 0
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         return SamplingParams(
             n=self.n,
             presence_penalty=self.presence_penalty,
@@ -96,7 +98,7 @@ class _SamplingFields(OpenAIBaseModel):
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
             logprobs=logprobs,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
@@ -108,7 +110,7 @@ class _SamplingFields(OpenAIBaseModel):
 
 
 # ------------------------------------------------------------------------------------- completions
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     best_of: int | None = None
     echo: bool = False
@@ -118,7 +120,9 @@ class CompletionRequest(_SamplingFields):
     add_special_tokens: bool = True
 
     def to_sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        # echo with logprobs reports the prompt's tokens too: the engine computes them as prompt logprobs.
+        echo_logprobs = self.logprobs if self.echo and self.prompt_logprobs is None else None
+        return self._sampling_params(self.max_tokens, self.logprobs, echo_logprobs)
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -166,7 +170,7 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     logprobs: bool = False
     top_logprobs: int | None = None

@@ -6,6 +6,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from jinja2 import TemplateError, TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
@@ -29,6 +32,7 @@ from pagedllm.entrypoints.openai.serving_completion import token_text
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
+    check_stream_options,
     engine_dead_error,
     merge_streams,
     param_of_engine_error,
@@ -37,6 +41,7 @@ from pagedllm.entrypoints.openai.serving_utils import (
     start_requests,
 )
 from pagedllm.outputs import CompletionOutput, Logprob
+from pagedllm.tokenizer import resolve_chat_template
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
@@ -63,10 +68,28 @@ def render_chat_prompt(
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
         )
+    except TemplateSyntaxError as e:
+        raise OpenAIError(f"chat_template is not a valid Jinja template: {e}", param="chat_template") from e
+    except TemplateError as e:
+        # Raised while rendering: templates call raise_exception() on conversations they refuse
+        # (e.g. roles that do not alternate), so the messages are at fault.
+        raise OpenAIError(f"The chat template refused the messages: {e}", param="messages") from e
     except (ValueError, TypeError) as e:
         param = "chat_template" if "template" in str(e) else "messages"
         raise OpenAIError(str(e), param=param) from e
     return text, list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+
+def load_chat_template(chat_template: str) -> str:
+    """The server's --chat-template (a Jinja string or a file path) as template text, checked once at start-up
+    so that a typo fails `pagedllm serve` instead of every chat request (ValueError naming the problem)."""
+    template = resolve_chat_template(None, chat_template)  # type: ignore[arg-type]  # an override needs no tokenizer
+    assert template is not None  # an override always resolves to text, or raises
+    try:
+        ImmutableSandboxedEnvironment().parse(template)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"--chat-template is not a valid Jinja template: {e}") from e
+    return template
 
 
 def chat_logprobs(
@@ -95,6 +118,17 @@ def chat_logprobs(
     return ChatCompletionLogProbs(content=content)
 
 
+def _param(message: str) -> str | None:
+    return param_of_engine_error(message, _PARAMS, PROMPT_PARAM)
+
+
+def _limit_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIError:
+    """The engine knows a single output limit, max_tokens: name the field the client actually set."""
+    if error.param == "max_tokens" and request.max_completion_tokens is not None:
+        error.param = "max_completion_tokens"
+    return error
+
+
 class OpenAIServingChat:
     def __init__(
         self, engine: AsyncLLM, models: OpenAIServingModels, chat_template: str | None, log_requests: bool
@@ -113,6 +147,7 @@ class OpenAIServingChat:
             )
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true", param="top_logprobs")
+        check_stream_options(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown chat completion fields: %s", ", ".join(request.ignored_fields()))
 
@@ -122,7 +157,7 @@ class OpenAIServingChat:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
+            raise _limit_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
         text, token_ids = render_chat_prompt(
             self.engine.tokenizer,
             request.messages,
@@ -138,15 +173,12 @@ class OpenAIServingChat:
                 "Received chat request %s: %d prompt tokens, params %s", request_id, len(token_ids), params
             )
         prompt: TokensPrompt = {"prompt_token_ids": token_ids, "prompt": text}
-        streams = await start_requests(
-            self.engine,
-            request_id,
-            [prompt],
-            params,
-            request.priority,
-            _PARAMS,
-            "messages",
-        )
+        try:
+            streams = await start_requests(
+                self.engine, request_id, [prompt], params, request.priority, _PARAMS, PROMPT_PARAM
+            )
+        except OpenAIError as e:
+            raise _limit_error(request, e) from e
         if request.stream:
             return self._stream(request, request_id, model, streams[0])
         return await self._full(request, request_id, model, streams[0])
@@ -170,7 +202,7 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
+            raise _limit_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
         assert final is not None and final.finished
         choices = [
             ChatCompletionResponseChoice(
@@ -234,5 +266,5 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
-            yield sse_error(OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)))
+            yield sse_error(_limit_error(request, OpenAIError(str(e), param=_param(str(e)))))
         yield SSE_DONE

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
@@ -22,6 +22,7 @@ from pagedllm.entrypoints.openai.protocol import (
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
+    check_stream_options,
     engine_dead_error,
     merge_streams,
     param_of_engine_error,
@@ -54,17 +55,25 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prom
 
 
 def logprobs_block(
-    token_ids: list[int], logprobs: list[dict[int, Logprob]], tokenizer: Any, start_offset: int
+    token_ids: Sequence[int],
+    logprobs: Sequence[dict[int, Logprob] | None],
+    tokenizer: Any,
+    start_offset: int,
+    block: CompletionLogProbs | None = None,
 ) -> CompletionLogProbs:
-    block = CompletionLogProbs()
+    """OpenAI's legacy logprobs for ``token_ids``, appended to ``block`` if given. A None entry (the first
+    prompt token, which nothing predicts) gets null logprobs, as in OpenAI's echo responses."""
+    block = CompletionLogProbs() if block is None else block
     offset = start_offset
     for token_id, entries in zip(token_ids, logprobs):
-        sampled = entries.get(token_id)
+        sampled = None if entries is None else entries.get(token_id)
         text = token_text(token_id, sampled, tokenizer)
         block.tokens.append(text)
         block.token_logprobs.append(None if sampled is None else max(sampled.logprob, -9999.0))
         block.top_logprobs.append(
-            {token_text(tid, lp, tokenizer): max(lp.logprob, -9999.0) for tid, lp in entries.items()}
+            None
+            if entries is None
+            else {token_text(tid, lp, tokenizer): max(lp.logprob, -9999.0) for tid, lp in entries.items()}
         )
         block.text_offset.append(offset)
         offset += len(text)
@@ -88,8 +97,11 @@ class OpenAIServingCompletion:
             raise OpenAIError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (only best_of equal to n)", param="best_of")
-        if request.echo and request.logprobs is not None:
-            raise OpenAIError("echo together with logprobs is not supported", param="echo")
+        if request.echo and request.logprobs is not None and request.stream:
+            # Prompt logprobs may arrive in pieces over a chunked prefill, and the streaming path has no
+            # way to hold them back until they are complete.
+            raise OpenAIError("echo together with logprobs is not supported when streaming", param="echo")
+        check_stream_options(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
 
@@ -144,22 +156,36 @@ class OpenAIServingCompletion:
             usage.prompt_tokens += len(final.prompt_token_ids or [])
             for completion in final.outputs:
                 usage.completion_tokens += len(completion.token_ids)
-                choices.append(
-                    self._choice(
-                        request, prompt_index * request.n + completion.index, completion, prompt_text, 0
-                    )
-                )
+                index = prompt_index * request.n + completion.index
+                choice = self._choice(request, index, completion, prompt_text, 0, self._echo_logprobs(final))
+                choices.append(choice)
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         choices.sort(key=lambda c: c.index)
         return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
+    def _echo_logprobs(self, final: RequestOutput) -> CompletionLogProbs | None:
+        """The echoed prompt's logprobs (None unless echo with logprobs asked the engine for them)."""
+        if final.prompt_logprobs is None or final.prompt_token_ids is None:
+            return None
+        return logprobs_block(final.prompt_token_ids, final.prompt_logprobs, self.engine.tokenizer, 0)
+
     def _choice(
-        self, request: CompletionRequest, index: int, completion: CompletionOutput, prefix: str, offset: int
+        self,
+        request: CompletionRequest,
+        index: int,
+        completion: CompletionOutput,
+        prefix: str,
+        offset: int,
+        prefix_logprobs: CompletionLogProbs | None = None,
     ) -> CompletionResponseChoice:
         logprobs = None
         if request.logprobs is not None and completion.logprobs is not None:
+            # Continue after the echoed prompt's tokens, on a copy: the n choices share the prompt's block.
+            block = None if prefix_logprobs is None else prefix_logprobs.model_copy(deep=True)
+            if block is not None and block.tokens:
+                offset = block.text_offset[-1] + len(block.tokens[-1])
             logprobs = logprobs_block(
-                completion.token_ids, completion.logprobs, self.engine.tokenizer, offset
+                completion.token_ids, completion.logprobs, self.engine.tokenizer, offset, block
             )
         return CompletionResponseChoice(
             index=index,

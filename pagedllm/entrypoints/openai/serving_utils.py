@@ -14,13 +14,19 @@ from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
-from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
 
 def engine_dead_error(e: EngineDeadError) -> OpenAIError:
     return OpenAIError(str(e), status=HTTPStatus.SERVICE_UNAVAILABLE, err_type="EngineDeadError")
+
+
+def check_stream_options(request: SamplingFields) -> None:
+    """stream_options only means something for a stream; OpenAI refuses it otherwise, and so do we."""
+    if request.stream_options is not None and not request.stream:
+        raise OpenAIError("stream_options can only be given when stream is true", param="stream_options")
 
 
 def param_of_engine_error(message: str, param_names: list[str], prompt_param: str) -> str | None:
