@@ -2,12 +2,14 @@
 
 Resolution reads nothing but directory listings; for a Hub repo id it fetches only the small metadata
 files (config, tokenizer, generation config) so a config builds without downloading weights. The
-weight loader calls `download_model_files` again with the weight patterns it needs.
+weight loader calls `download_model_files` again with `hub_weight_patterns` (same revision and
+download dir, so both land in one snapshot).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,14 +99,15 @@ def download_model_files(
     revision: str | None,
     download_dir: str | None,
     allow_patterns: list[str],
+    ignore_patterns: list[str] | None = None,
 ) -> Path:
     """Fetch `allow_patterns` of a Hub repo (or find them in the cache when offline); a local dir."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, LocalEntryNotFoundError
 
     offline = hub_offline()
     hint = (
-        f"download it elsewhere (e.g. `huggingface-cli download {repo_id}`) and pass its local directory "
+        f"download it elsewhere (e.g. `hf download {repo_id}`) and pass its local directory "
         "as model=<path>, or use the embedded default model"
     )
     try:
@@ -113,9 +116,14 @@ def download_model_files(
             revision=revision,
             cache_dir=download_dir,
             allow_patterns=allow_patterns,
+            ignore_patterns=ignore_patterns,
             local_files_only=offline,
             etag_timeout=5,
         )
+    except HFValidationError as e:
+        raise ValueError(
+            f"model={repo_id!r} is neither an existing local path nor a valid Hub repo id: {e}"
+        ) from e
     except LocalEntryNotFoundError as e:
         why = (
             "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "the Hub is unreachable"
@@ -128,6 +136,20 @@ def download_model_files(
             f"cannot fetch model {repo_id!r} (revision {revision or 'main'}): {e}; {hint}"
         ) from e
     return Path(local)
+
+
+def hub_weight_patterns(snapshot: Path) -> list[str]:
+    """The weight files to fetch for a Hub repo whose metadata is already in `snapshot`: the shards
+    its safetensors index names (so a repo that also ships e.g. `consolidated.safetensors` is not
+    downloaded twice), else every top-level `*.safetensors`."""
+    index = snapshot / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            return sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            pass  # the weight loader reports the bad index with its own error
+    return ["*.safetensors"]
 
 
 def resolve_model_source(

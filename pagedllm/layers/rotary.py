@@ -1,8 +1,11 @@
 """Rotary position embedding (neox style: the two halves of each head are rotated as pairs).
 
-Supports HF's `default`, `linear` and `llama3` rope types. The cos/sin table for every position is
+Supports HF's `default`, `linear` and `llama3` rope types, and llama.cpp's per-frequency divisors
+(GGUF `rope_freqs`, how llama.cpp stores llama3 scaling). The cos/sin table for every position is
 precomputed once in float32 (exactly as HF derives its per-step cos/sin) and indexed by `positions`,
-so the forward is a gather plus elementwise math: no host syncs, traceable by torch.compile.
+so the forward is a gather plus elementwise math: no host syncs, traceable by torch.compile. One
+table serves every layer of a model (the models build one `RotaryEmbedding` and share it): for a
+128k-context model a table per layer would cost gigabytes.
 """
 
 from __future__ import annotations
@@ -37,6 +40,15 @@ def rope_parameters_from_config(hf_config: Any) -> tuple[float, dict[str, Any] |
         return theta, None
     scaling["rope_type"] = rope_type
     return theta, scaling
+
+
+def table_length(max_position_embeddings: int, scaling: dict[str, Any] | None) -> int:
+    """Positions the cos/sin table covers. Linear scaling stretches the context: HF configs keep the
+    original `max_position_embeddings` and the engine allows `factor` times that (the config's derived
+    max_model_len), so the table must too. llama3 configs already state the extended length."""
+    if scaling is not None and scaling["rope_type"] == "linear":
+        return int(max_position_embeddings * max(float(scaling["factor"]), 1.0))
+    return max_position_embeddings
 
 
 def _inv_freq(rotary_dim: int, base: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -80,6 +92,8 @@ class RotaryEmbedding(nn.Module):
         self.max_position_embeddings = max_position_embeddings
         self.base = base
         self.rope_scaling = rope_scaling
+        # llama.cpp-style divisors of the rotary frequencies (see `set_freq_factors`).
+        self.freq_factors: torch.Tensor | None = None
         # Validate the rope type now, not on the first forward.
         _inv_freq(head_size, base, rope_scaling)
         self.register_buffer("cos_sin_cache", self._compute_cache(), persistent=False)
@@ -88,9 +102,22 @@ class RotaryEmbedding(nn.Module):
         # Always computed on the CPU in float32, whatever device/dtype context the model is built in.
         with torch.device("cpu"):
             inv_freq = _inv_freq(self.head_size, self.base, self.rope_scaling)
-            t = torch.arange(self.max_position_embeddings, dtype=torch.float32)
+            if self.freq_factors is not None:
+                inv_freq = inv_freq / self.freq_factors
+            length = table_length(self.max_position_embeddings, self.rope_scaling)
+            t = torch.arange(length, dtype=torch.float32)
             freqs = torch.outer(t, inv_freq)
             return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def set_freq_factors(self, factors: torch.Tensor) -> None:
+        """Divide each rotary frequency by `factors[i]` ([head_size // 2]), as llama.cpp applies a GGUF's
+        `rope_freqs` tensor: its converter stores llama3 scaling that way instead of in the metadata."""
+        if tuple(factors.shape) != (self.head_size // 2,):
+            raise ValueError(
+                f"rope frequency factors of shape {tuple(factors.shape)} do not fit head size {self.head_size}"
+            )
+        self.freq_factors = factors.detach().to("cpu", torch.float32).clone()
+        self.init_buffers()
 
     def init_buffers(self) -> None:
         """Recompute the table after the module was built on the meta device and moved with

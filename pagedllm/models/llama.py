@@ -23,8 +23,23 @@ from pagedllm.layers.linear import (
     default_weight_loader,
 )
 from pagedllm.layers.norm import RMSNorm
-from pagedllm.layers.rotary import get_rope, rope_parameters_from_config
+from pagedllm.layers.rotary import RotaryEmbedding, get_rope, rope_parameters_from_config
 from pagedllm.models.loader.errors import ModelLoadError
+
+
+def head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def build_rope(config: Any) -> RotaryEmbedding:
+    theta, scaling = rope_parameters_from_config(config)
+    return get_rope(
+        head_dim(config),
+        config.max_position_embeddings,
+        theta,
+        scaling,
+        float(getattr(config, "partial_rotary_factor", 1.0) or 1.0),
+    )
 
 
 class LlamaMLP(nn.Module):
@@ -45,6 +60,7 @@ class LlamaAttention(nn.Module):
         self,
         config: Any,
         prefix: str,
+        rotary_emb: RotaryEmbedding,
         qkv_bias: bool,
         o_bias: bool,
         qk_norm: bool,
@@ -54,7 +70,7 @@ class LlamaAttention(nn.Module):
         hidden_size = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden_size // self.num_heads
+        self.head_dim = head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -64,14 +80,8 @@ class LlamaAttention(nn.Module):
         # Qwen3 normalizes each head of q and k before rotary.
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
-        theta, scaling = rope_parameters_from_config(config)
-        self.rotary_emb = get_rope(
-            self.head_dim,
-            config.max_position_embeddings,
-            theta,
-            scaling,
-            float(getattr(config, "partial_rotary_factor", 1.0) or 1.0),
-        )
+        # The model's one rotary table, shared by every layer (registered under each of them).
+        self.rotary_emb = rotary_emb
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
@@ -95,9 +105,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, prefix: str, **attn_options: Any) -> None:
+    def __init__(self, config: Any, prefix: str, rotary_emb: RotaryEmbedding, **attn_options: Any) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, f"{prefix}.self_attn", **attn_options)
+        self.self_attn = LlamaAttention(config, f"{prefix}.self_attn", rotary_emb, **attn_options)
         self.mlp = LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
@@ -124,8 +134,9 @@ class LlamaModel(nn.Module):
     def __init__(self, config: Any, prefix: str, attn_options: dict[str, Any]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", **attn_options)
+            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", rotary_emb, **attn_options)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)

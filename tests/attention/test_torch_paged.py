@@ -9,7 +9,7 @@ from paged_batch import PagedBatch
 from torch import nn
 
 from pagedllm.attention import Attention, AttentionMetadata, bind_kv_cache
-from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl
+from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, _build_plan
 from pagedllm.forward_context import set_forward_context
 
 
@@ -93,6 +93,30 @@ def test_many_decodes_one_step() -> None:
     # 40 requests of assorted lengths prefilled, then decoded together (block-segment softmax).
     lengths = [1 + (7 * i) % 60 for i in range(40)]
     _run_steps([[(str(i), n) for i, n in enumerate(lengths)], [(str(i), 1) for i in range(40)]], 4, 2)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_decode_work_is_linear_in_keys_attended(window: int | None) -> None:
+    """The decode path's batch has one entry per (request, cache block it reads): the total is the
+    sum of each request's own block count (fewer with a window), not num_requests x the longest
+    request's blocks, so short requests beside a long one cost only their own keys."""
+    lengths = [1, 16, 17, 500, 3]
+    batch = PagedBatch(1, 2, 8, num_blocks=64, block_size=16)
+    batch.metadata([(str(i), n - 1) for i, n in enumerate(lengths) if n > 1])
+    _, md = batch.metadata([(str(i), 1) for i in range(len(lengths))])
+    plan = _build_plan(md, 16, window, torch.device("cpu"))
+    assert plan.decode is not None and not plan.prefills
+
+    def blocks_read(n: int) -> int:
+        first = 0 if window is None else max(n - window, 0) // 16
+        return (n - 1) // 16 - first + 1
+
+    assert plan.decode.block_ids.shape[0] == sum(blocks_read(n) for n in lengths)
+    # Keys a request may see: exactly its sequence (or window), so no padding is attended.
+    per_req = torch.zeros(len(lengths), dtype=torch.long).index_add_(
+        0, plan.decode.req_of_block, plan.decode.valid.sum(1)
+    )
+    assert per_req.tolist() == [n if window is None else min(n, window) for n in lengths]
 
 
 def test_new_keys_written_at_slot_mapping() -> None:

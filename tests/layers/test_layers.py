@@ -71,6 +71,54 @@ def test_rotary_matches_hf(kind: str) -> None:
     torch.testing.assert_close(got_k, ref_k.transpose(1, 2).reshape(7, -1), atol=1e-5, rtol=0)
 
 
+def _hf_rope(config: LlamaConfig, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """HF's rotated q and k, flattened to our [T, heads * head] layout and concatenated."""
+    heads, kv_heads, head = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    cos, sin = LlamaRotaryEmbedding(config)(q, positions[None])
+    ref_q, ref_k = apply_rotary_pos_emb(
+        q.view(1, -1, heads, head).transpose(1, 2), k.view(1, -1, kv_heads, head).transpose(1, 2), cos, sin
+    )
+    n = positions.shape[0]
+    return torch.cat([ref_q.transpose(1, 2).reshape(n, -1), ref_k.transpose(1, 2).reshape(n, -1)], -1)
+
+
+def test_linear_rope_table_covers_the_stretched_context() -> None:
+    # The engine allows max_position_embeddings x factor tokens with linear scaling.
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        max_position_embeddings=100,
+        rope_scaling={"rope_type": "linear", "factor": 3.0},
+    )
+    theta, scaling = rope_parameters_from_config(config)
+    rope = get_rope(64, 100, theta, scaling)
+    assert rope.cos_sin_cache.shape[0] == 300
+    assert get_rope(64, 100, theta, None).cos_sin_cache.shape[0] == 100
+    positions = torch.tensor([0, 99, 100, 250, 299])
+    q, k = torch.randn(5, 64), torch.randn(5, 64)
+    got = torch.cat(rope(positions, q, k), -1)
+    torch.testing.assert_close(got, _hf_rope(config, positions, q, k), atol=1e-5, rtol=0)
+
+
+def test_freq_factors_reproduce_llama3_scaling() -> None:
+    """Dividing the default frequencies by llama.cpp's `rope_freqs` table (here derived from HF's own
+    default and llama3 inverse frequencies) gives HF's llama3 rotation."""
+    shape = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    llama3 = LlamaConfig(**shape, rope_theta=50000.0, rope_scaling=ROPES["llama3"])
+    default = LlamaConfig(**shape, rope_theta=50000.0)
+    factors = LlamaRotaryEmbedding(default).inv_freq / LlamaRotaryEmbedding(llama3).inv_freq
+    assert (factors > 1.5).any()
+    rope = get_rope(64, 512, 50000.0, None)
+    rope.set_freq_factors(factors)
+    positions = torch.tensor([0, 1, 17, 63, 64, 300, 511])
+    q, k = torch.randn(7, 2 * 64), torch.randn(7, 64)
+    got = torch.cat(rope(positions, q, k), -1)
+    torch.testing.assert_close(got, _hf_rope(llama3, positions, q, k), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="do not fit head size 64"):
+        rope.set_freq_factors(torch.ones(5))
+
+
 def test_rope_parameters_old_style_config() -> None:
     class Old:
         rope_theta = 1234.0

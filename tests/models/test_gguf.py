@@ -3,6 +3,7 @@ the same dequantized weights, and clear errors for unsupported files."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytest
 import torch
 from attention.paged_batch import PagedBatch
 from gguf import GGMLQuantizationType as Q
-from gguf_files import write_llama_gguf
-from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from gguf_files import llama_cpp_rope_freqs, write_llama_gguf
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PretrainedConfig
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
 from pagedllm.config.gguf_metadata import hf_config_from_gguf, read_gguf_header
@@ -38,8 +39,14 @@ PROMPTS = [
 
 def _transformers_tensors(path: Path) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
     config = hf_config_from_gguf(read_gguf_header(path))
+    skeleton_config = config
+    if config.model_type == "mistral":
+        # transformers maps tensor names through gguf-py's arch of the skeleton's model_type, which
+        # has no "mistral" (llama.cpp writes Mistral as "llama"); the names are Llama's.
+        options = {k: v for k, v in config.to_diff_dict().items() if k != "model_type"}
+        skeleton_config = LlamaConfig(**options)
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+        skeleton = AutoModelForCausalLM.from_config(skeleton_config)
     return config, load_gguf_checkpoint(path, return_tensors=True, model_to_load=skeleton)["tensors"]
 
 
@@ -66,6 +73,68 @@ def test_tiny_gguf_model_matches_hf(tmp_path: Path) -> None:
     (got,) = PagedBatch.for_model(ours).run(ours, [("r", ids)])
     with torch.no_grad():
         torch.testing.assert_close(got, hf(torch.tensor([ids])).logits[0], atol=1e-4, rtol=0)
+
+
+# (GGUF arch, general.name, extra writer options) -> the HF architecture it must load as.
+ARCH_FILES = {
+    "qwen2": ("qwen2", "tiny-test", {}, "Qwen2ForCausalLM"),
+    "qwen3": ("qwen3", "tiny-test", {"head_dim": 32}, "Qwen3ForCausalLM"),
+    # llama.cpp writes Mistral models as "llama"; transformers and pagedllm recognize them by name.
+    "mistral": ("llama", "Mistral-tiny-test", {}, "MistralForCausalLM"),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ARCH_FILES))
+def test_other_architectures_equal_transformers(tmp_path: Path, variant: str) -> None:
+    arch, name, options, hf_arch = ARCH_FILES[variant]
+    path = write_llama_gguf(tmp_path / f"{variant}.gguf", {"attn_q": Q.Q8_0}, arch=arch, name=name, **options)
+    config, reference = _transformers_tensors(path)
+    assert config.architectures == [hf_arch]
+    _assert_same_tensors(path, reference)
+    hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    assert type(hf).__name__ == hf_arch
+    missing, unexpected = hf.load_state_dict(reference, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    ours = load_model(config, tmp_path, gguf_file=path.name)
+    ids = torch.randint(0, config.vocab_size, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    (got,) = PagedBatch.for_model(ours).run(ours, [("r", ids)])
+    with torch.no_grad():
+        torch.testing.assert_close(got, hf(torch.tensor([ids])).logits[0], atol=1e-4, rtol=0)
+
+
+LLAMA3_ROPE = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
+def test_rope_freqs_table_applies_llama3_scaling(tmp_path: Path) -> None:
+    """llama.cpp stores llama3 rope scaling only as a `rope_freqs` tensor; the model must then equal
+    HF's llama3-scaled model on the same weights (and differ from the unscaled one)."""
+    freqs = llama_cpp_rope_freqs(64, 10000.0, LLAMA3_ROPE)
+    assert (freqs != 1.0).any()
+    path = write_llama_gguf(tmp_path / "llama3.gguf", {}, rope_freqs=freqs)
+    config, reference = _transformers_tensors(path)
+    ours = load_model(config, tmp_path, gguf_file=path.name)
+    ids = torch.randint(0, config.vocab_size, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    (got,) = PagedBatch.for_model(ours).run(ours, [("r", ids)])
+
+    def hf_logits(rope_parameters: dict) -> torch.Tensor:
+        hf_config = copy.deepcopy(config)
+        hf_config.rope_parameters = rope_parameters
+        hf = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager").eval()
+        missing, unexpected = hf.load_state_dict(reference, strict=False)
+        assert not unexpected and not missing
+        with torch.no_grad():
+            return hf(torch.tensor([ids])).logits[0]
+
+    llama3 = hf_logits({"rope_type": "llama3", "rope_theta": 10000.0, **LLAMA3_ROPE})
+    torch.testing.assert_close(got, llama3, atol=1e-4, rtol=0)
+    unscaled = hf_logits({"rope_type": "default", "rope_theta": 10000.0})
+    assert (unscaled - llama3).abs().max() > 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +177,9 @@ def one_thread() -> Iterator[None]:
 def test_smollm2_greedy_matches_hf(smollm2_gguf: Path, smollm2_reference: tuple, one_thread: None) -> None:
     config, tensors = smollm2_reference
     hf = AutoModelForCausalLM.from_config(config).eval()
-    hf.load_state_dict(tensors, strict=False)
+    # Not strict only because the tied LM head is absent from the file; nothing else may be.
+    missing, unexpected = hf.load_state_dict(tensors, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
     hf.tie_weights()
     tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
     prompts = [

@@ -3,7 +3,9 @@ clear errors for bad input."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -118,6 +120,52 @@ def test_get_model_from_engine_config(tmp_path: Path) -> None:
         model.model.layers[0].self_attn.qkv_proj.bias[: hf.config.hidden_size],
         sd["model.layers.0.self_attn.q_proj.bias"],
     )
+
+
+def test_get_model_downloads_hub_weights(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Hub repo id: config construction fetches metadata only, get_model then fetches exactly the
+    indexed shards, with the same revision and download dir (snapshot_download faked: no network)."""
+    from pagedllm.config import EngineConfig, ModelConfig
+    from pagedllm.models import get_model
+
+    config = _llama_config()
+    tensors = _random_checkpoint(config)
+    repo = tmp_path / "repo"
+    _save_sharded(tensors, repo, config, num_shards=2)
+    (repo / "consolidated.safetensors").write_bytes(b"never fetched")
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    calls: list[dict[str, object]] = []
+
+    def fake_snapshot_download(repo_id: str, **kwargs: object) -> str:
+        calls.append({"repo_id": repo_id, **kwargs})
+        patterns = kwargs["allow_patterns"]
+        assert isinstance(patterns, list)
+        for file in repo.iterdir():
+            if any(fnmatch.fnmatch(file.name, p) for p in patterns):
+                shutil.copy(file, snapshot / file.name)
+        return str(snapshot)
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    model_config = ModelConfig(model="someorg/tiny", revision="v1", download_dir=str(tmp_path / "dl"))
+    assert len(calls) == 1 and not list(snapshot.glob("*.safetensors"))
+    model = get_model(EngineConfig(model_config=model_config))
+    assert len(calls) == 2
+    weights_call = calls[1]
+    assert weights_call["repo_id"] == "someorg/tiny" and weights_call["revision"] == "v1"
+    assert weights_call["cache_dir"] == str(tmp_path / "dl")
+    assert weights_call["allow_patterns"] == [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    assert weights_call["ignore_patterns"] == ["original/**/*"]
+    assert not (snapshot / "consolidated.safetensors").exists()
+    assert torch.equal(model.model.norm.weight, tensors["model.norm.weight"])
+
+
+def test_load_format_without_matching_files(tmp_path: Path) -> None:
+    config = _llama_config()
+    _save_sharded(_random_checkpoint(config), tmp_path, config, num_shards=1)
+    with pytest.raises(ModelLoadError, match="load_format='gguf' but .* has no .gguf file"):
+        load_model(config, tmp_path, load_format="gguf")
 
 
 _RSS_SCRIPT = textwrap.dedent(

@@ -9,6 +9,7 @@ from attention.paged_batch import PagedBatch
 from tiny_models import VARIANTS, make_tiny_model
 from transformers import PreTrainedModel
 
+from pagedllm.config.hf_utils import derived_max_model_len
 from pagedllm.forward_context import set_forward_context
 from pagedllm.models import load_model
 
@@ -92,6 +93,26 @@ def test_mixed_prefill_and_decode(models: tuple[PreTrainedModel, torch.nn.Module
     outs = batch.run(ours, [(r, seqs[r][a:b]) for r, a, b in plan])
     for (r, a, b), out in zip(plan, outs):
         _check(out, refs[r][a:b])
+
+
+def test_whole_context(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    """A prompt as long as the context the engine allows (linear rope scaling stretches it past
+    max_position_embeddings), then a decode step at the last position."""
+    hf, ours = models
+    max_len, _ = derived_max_model_len(hf.config)
+    prompt = _tokens(max_len, 11)
+    ref = _reference(hf, prompt)
+    batch = PagedBatch.for_model(ours, num_blocks=max_len // 16 + 1)
+    (prefill,) = batch.run(ours, [("r", prompt[:-1])])
+    (decode,) = batch.run(ours, [("r", prompt[-1:])])
+    _check(torch.cat([prefill, decode]), ref)
+
+
+def test_one_rotary_table_per_model(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:
+    """Every layer shares the model's rotary table (one per layer would cost gigabytes at 128k)."""
+    _, ours = models
+    tables = {id(layer.self_attn.rotary_emb) for layer in ours.model.layers}
+    assert len(tables) == 1 and len(ours.model.layers) > 1
 
 
 def test_lm_head_only_for_given_rows(models: tuple[PreTrainedModel, torch.nn.Module]) -> None:

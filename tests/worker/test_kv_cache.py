@@ -1,4 +1,4 @@
-"""KV cache sizing arithmetic."""
+"""KV cache sizing arithmetic (CPU byte budget; CUDA budget after profiling, with torch.cuda faked)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pagedllm.worker.kv_cache import (
     check_num_blocks,
     cpu_kv_cache_budget,
     num_blocks_from_budget,
+    profile_cuda_kv_cache_budget,
 )
 
 
@@ -37,3 +38,35 @@ def test_check_num_blocks() -> None:
 def test_cpu_budget_caps() -> None:
     assert cpu_kv_cache_budget(0, 12345) == 12345
     assert cpu_kv_cache_budget(0, 2**50) <= CPU_DEFAULT_KV_CACHE_CAP_BYTES
+
+
+GiB = 2**30
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, peak: int, total: int, free: int, reserved: int) -> list[str]:
+    """Replace the torch.cuda memory queries, so the CUDA budget arithmetic runs on a CPU machine."""
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: events.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: peak)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    return events
+
+
+def test_cuda_budget_after_profiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 80 GiB device; torch peaked at 20 GiB during profiling and holds 22 GiB reserved; 2 GiB more are
+    # in use outside torch (CUDA context, other processes): 80 - 24 free.
+    events = _fake_cuda(monkeypatch, peak=20 * GiB, total=80 * GiB, free=56 * GiB, reserved=22 * GiB)
+    budget = profile_cuda_kv_cache_budget(torch.device("cuda:0"), 0.9, lambda: events.append("profile"))
+    assert budget == int(0.9 * 80 * GiB) - 20 * GiB - 2 * GiB
+    assert events.index("reset") < events.index("profile")
+
+
+def test_cuda_budget_exhausted_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_cuda(monkeypatch, peak=70 * GiB, total=80 * GiB, free=8 * GiB, reserved=72 * GiB)
+    with pytest.raises(
+        RuntimeError, match=r"no GPU memory left for the KV cache.*gpu_memory_utilization=0.5"
+    ):
+        profile_cuda_kv_cache_budget(torch.device("cuda:0"), 0.5, lambda: None)

@@ -15,10 +15,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedllm.config.model_source import download_model_files, hub_weight_patterns
 from pagedllm.layers.linear import check_tp_size
 from pagedllm.models.loader.dummy import initialize_dummy_weights
 from pagedllm.models.loader.errors import ModelLoadError
-from pagedllm.models.loader.gguf_loader import gguf_architecture, iterate_gguf, open_gguf
+from pagedllm.models.loader.gguf_loader import (
+    apply_rope_freq_factors,
+    gguf_architecture,
+    iterate_gguf,
+    open_gguf,
+    rope_freq_factors,
+)
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safetensors_files
 from pagedllm.models.registry import resolve_model_cls
 
@@ -81,17 +88,42 @@ def load_model(
     else:
         with torch.no_grad():
             model.load_weights(weights)  # type: ignore[operator]
+        if load_format == "gguf":
+            assert gguf_path is not None
+            factors = rope_freq_factors(gguf_path)
+            if factors is not None:
+                apply_rope_freq_factors(model, factors)
     return model.eval()
+
+
+def _download_hub_weights(model_config: Any, load_config: Any) -> Path:
+    """Fetch a Hub model's weights: config construction fetched only its metadata files. Same
+    revision and download dir, so they land in the snapshot the config was read from."""
+    download_dir = load_config.download_dir or model_config.download_dir
+    try:
+        return download_model_files(
+            model_config.model,
+            model_config.revision,
+            download_dir,
+            hub_weight_patterns(Path(model_config.model_path)),
+            ignore_patterns=list(load_config.ignore_patterns) or None,
+        )
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def get_model(engine_config: Any) -> nn.Module:
     """The configured model with its weights, on the configured device, in eval mode."""
     mc = engine_config.model_config
+    lc = engine_config.load_config
     if engine_config.parallel_config.pipeline_parallel_size != 1:
         raise ModelLoadError("pipeline_parallel_size > 1 is not supported by the model loader yet")
+    model_path = Path(mc.model_path)
+    if getattr(mc, "source_kind", None) == "hub" and lc.load_format != "dummy":
+        model_path = _download_hub_weights(mc, lc)
     return load_model(
         mc.hf_config,
-        mc.model_path,
+        model_path,
         gguf_file=mc.gguf_file,
         load_format=engine_config.load_config.load_format,
         dtype=mc.dtype,

@@ -55,8 +55,10 @@ _PER_BLOCK = {
 }
 # Architectures whose q/k rows llama.cpp's converter permutes.
 _PERMUTED_ARCHS = {"llama", "mistral"}
-# Tables llama.cpp stores but HF derives from the config (llama3 rope frequency factors).
-_DERIVED = {"rope_freqs.weight"}
+# Tables that are not weights of an HF module: llama.cpp's converter stores llama3 rope scaling as
+# per-frequency divisors (and writes no rope scaling metadata), applied by `apply_rope_freq_factors`.
+_ROPE_FREQS = "rope_freqs.weight"
+_DERIVED = {_ROPE_FREQS}
 
 
 def open_gguf(path: Path) -> GGUFReader:
@@ -129,3 +131,29 @@ def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
             # Unquantized tensors are read-only views of the memory-mapped file; we only read them.
             warnings.simplefilter("ignore", UserWarning)
             yield name, torch.from_numpy(w)
+
+
+def rope_freq_factors(path: Path) -> torch.Tensor | None:
+    """The file's `rope_freqs` table (float32 [head_dim // 2]), or None when it has none."""
+    for t in open_gguf(path).tensors:
+        if t.name == _ROPE_FREQS:
+            if t.tensor_type not in SUPPORTED_TENSOR_TYPES:
+                raise ModelLoadError(f"{path}: tensor {t.name!r} has unsupported type {t.tensor_type.name}")
+            return torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(-1))
+    return None
+
+
+def apply_rope_freq_factors(model: torch.nn.Module, factors: torch.Tensor) -> None:
+    """Give every rotary embedding of `model` the GGUF's frequency divisors, unless its config already
+    describes llama3 scaling (then the table is derived from it and applying it would scale twice)."""
+    from pagedllm.layers.rotary import RotaryEmbedding
+
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            scaling = module.rope_scaling or {}
+            if scaling.get("rope_type") == "llama3":
+                continue
+            try:
+                module.set_freq_factors(factors)
+            except ValueError as e:
+                raise ModelLoadError(f"GGUF {_ROPE_FREQS!r}: {e}") from None
