@@ -1,9 +1,10 @@
-"""A fast reader of a GGUF file's header (key/value metadata and tensor names), no tensor data.
+"""A fast reader of a GGUF file's header (key/value metadata and where each tensor lies), no tensor data.
 
 `gguf.GGUFReader` builds numpy views of every field and tensor (2.4 s on the 100 MB SmolLM2 file) and
-`AutoConfig.from_pretrained(gguf_file=...)` takes ~10 s; configs must build in milliseconds. So this
-walks the header once with `struct`, skips the big tokenizer arrays by arithmetic (numeric arrays) or
-by length prefixes only (string arrays), and maps the architecture keys onto a transformers config.
+`AutoConfig.from_pretrained(gguf_file=...)` takes ~10 s; configs must build in milliseconds, and the
+weight loader reads the tensors from the offsets found here. So this walks the header once with
+`struct`, skips the big tokenizer arrays by arithmetic (numeric arrays) or by length prefixes only
+(string arrays), and maps the architecture keys onto a transformers config.
 """
 
 from __future__ import annotations
@@ -49,10 +50,25 @@ class SkippedArray:
 
 
 @dataclass(frozen=True)
+class GGUFTensorInfo:
+    """Where a tensor's bytes lie: `dims` in GGUF order (fastest-varying first), `ggml_type` the
+    `gguf.GGMLQuantizationType` value, `offset` from the start of the file."""
+
+    name: str
+    dims: tuple[int, ...]
+    ggml_type: int
+    offset: int
+
+
+@dataclass(frozen=True)
 class GGUFHeader:
     version: int
     metadata: dict[str, Any]
-    tensor_names: tuple[str, ...]
+    tensors: tuple[GGUFTensorInfo, ...]
+
+    @property
+    def tensor_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tensors)
 
 
 class _Cursor:
@@ -108,18 +124,24 @@ def _read_header_cached(path: str, mtime_ns: int, size: int) -> GGUFHeader:
         version = cur.scalar(4)
         if version == 1:
             raise ValueError(f"{path}: GGUF version 1 is not supported (re-convert the model)")
+        if version not in (2, 3):
+            raise ValueError(f"{path}: unknown GGUF version {version} (supported: 2, 3)")
         tensor_count = cur.scalar(10)
         kv_count = cur.scalar(10)
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = cur.string()
             metadata[key] = cur.value(cur.scalar(4))
-        names = []
+        raw = []
         for _ in range(tensor_count):
-            names.append(cur.string())
-            n_dims = cur.scalar(4)
-            cur.pos += 8 * n_dims + 4 + 8  # dims, ggml type, data offset
-        return GGUFHeader(version=version, metadata=metadata, tensor_names=tuple(names))
+            name = cur.string()
+            dims = tuple(cur.scalar(10) for _ in range(cur.scalar(4)))
+            raw.append((name, dims, cur.scalar(4), cur.scalar(10)))
+        # Tensor data starts at the next multiple of the alignment after the header.
+        align = int(metadata.get("general.alignment", 32))
+        data_start = -(-cur.pos // align) * align
+        tensors = tuple(GGUFTensorInfo(n, d, t, data_start + off) for n, d, t, off in raw)
+        return GGUFHeader(version=version, metadata=metadata, tensors=tensors)
 
 
 def read_gguf_header(path: Path) -> GGUFHeader:

@@ -23,7 +23,7 @@ from pagedllm.models.loader.gguf_loader import (
     apply_rope_freq_factors,
     gguf_architecture,
     iterate_gguf,
-    open_gguf,
+    read_header,
     rope_freq_factors,
 )
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safetensors_files
@@ -41,7 +41,7 @@ def _weights(
     if load_format == "gguf":
         if gguf_file is None:
             raise ModelLoadError(f"load_format='gguf' but {model_path} has no .gguf file")
-        gguf_architecture(open_gguf(gguf_file), gguf_file)
+        gguf_architecture(read_header(gguf_file), gguf_file)
         return iterate_gguf(gguf_file)
     return iterate_safetensors(safetensors_files(model_path))
 
