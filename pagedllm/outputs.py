@@ -25,8 +25,8 @@ class RequestMetrics:
     """Times (seconds, time.time() clock) of a request's life, filled in by the front-end."""
 
     arrival_time: float
-    # When the engine first scheduled the request (end of its queueing).
-    first_scheduled_time: float | None = None
+    # No first-scheduled time: the core reports no scheduling events, so the front-end cannot know it
+    # (time_to_first_token covers queueing plus prefill).
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
@@ -35,10 +35,6 @@ class RequestMetrics:
     @property
     def time_to_first_token(self) -> float | None:
         return None if self.first_token_time is None else self.first_token_time - self.arrival_time
-
-    @property
-    def time_in_queue(self) -> float | None:
-        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
 
     @property
     def e2e_latency(self) -> float | None:

@@ -32,6 +32,15 @@ _OVERRIDABLE_DEFAULTS: dict[str, Any] = {
     "max_tokens": 16,
 }
 
+# Flags: a truthy string such as "false" must not silently switch them on.
+_BOOL_FIELDS = (
+    "ignore_eos",
+    "detokenize",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "include_stop_str_in_output",
+)
+
 # generation_config.json spells a few of them differently.
 _GENERATION_CONFIG_ALIASES = {"max_new_tokens": "max_tokens"}
 
@@ -129,13 +138,21 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         elif isinstance(self.stop, str):
             self.stop = [self.stop]
         else:
-            self.stop = list(self.stop)
-        self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
-        if self.bad_words is None:
-            self.bad_words = []
+            self.stop = _as_list("stop", self.stop, "a string or a list of strings")
+        self.stop_token_ids = (
+            [] if self.stop_token_ids is None else _as_list("stop_token_ids", self.stop_token_ids)
+        )
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _as_list("allowed_token_ids", self.allowed_token_ids)
+        # A lone string would otherwise be taken character by character.
+        self.bad_words = (
+            [] if self.bad_words is None else _as_list("bad_words", self.bad_words, "a list of strings")
+        )
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as e:
@@ -149,6 +166,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         self.all_stop_token_ids = sorted(all_stop)
 
     def _verify(self) -> None:
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         _check_int("n", self.n)
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
@@ -299,9 +319,17 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 
 
 def _check_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    # Infinities are rejected too: inf * a logit (repetition penalty) or logit / inf turn into NaN or a
+    # silently uniform distribution rather than an error.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return float(value)
+
+
+def _as_list(name: str, value: Any, expected: str = "a list of token ids") -> list[Any]:
+    if isinstance(value, str | bytes | dict) or not isinstance(value, list | tuple):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+    return list(value)
 
 
 def _check_int(name: str, value: Any) -> None:

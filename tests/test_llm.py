@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,8 @@ from e2e.tiny_llm import hf_greedy, make_tiny_llm
 from transformers import AutoModelForCausalLM
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.config.args import EngineArgs
+from pagedllm.engine.input_processor import InputProcessor
 from pagedllm.sampling_params import RequestOutputKind
 
 PROMPTS = [
@@ -86,6 +91,17 @@ def test_bad_prompt_aborts_the_whole_call(llm: LLM) -> None:
     assert llm.generate("fine", GREEDY, use_tqdm=False)[0].finished
 
 
+def test_generation_stops_at_max_model_len(llm: LLM) -> None:
+    tokenizer = llm.get_tokenizer()
+    # max_model_len is 256: a 253-token prompt leaves room for exactly 3 output tokens.
+    prompt = (tokenizer.encode("Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. ") * 40)[:253]
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    (output,) = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 3 and output.outputs[0].finish_reason == "length"
+    with pytest.raises(ValueError, match="max_tokens=4 is too large"):
+        llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=4), use_tqdm=False)
+
+
 def test_chat(llm: LLM) -> None:
     tokenizer = llm.get_tokenizer()
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
@@ -135,4 +151,61 @@ def test_logprobs_match_transformers(llm: LLM, model_dir: Path) -> None:
 
 
 def test_reset_prefix_cache(llm: LLM) -> None:
+    tokenizer = llm.get_tokenizer()
+    # Two full blocks of 16 tokens and a bit: a repeat can be served from the prefix cache.
+    prompt = {"prompt_token_ids": tokenizer.encode("Paged attention reset test. " * 6)[:40]}
+    llm.generate(prompt, GREEDY, use_tqdm=False)
+    (again,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert again.num_cached_tokens == 32
     assert llm.reset_prefix_cache() is True
+    (after_reset,) = llm.generate(prompt, GREEDY, use_tqdm=False)
+    assert after_reset.num_cached_tokens == 0
+    assert after_reset.outputs[0].token_ids == again.outputs[0].token_ids
+
+
+def test_progress_bar_counts_requests_and_tokens_per_second(
+    llm: LLM, capsys: pytest.CaptureFixture[str]
+) -> None:
+    llm.generate(PROMPTS, GREEDY, use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "Processed prompts" in err and f"{len(PROMPTS)}/{len(PROMPTS)}" in err
+    assert re.search(r"input: \d+\.\d toks/s, output: \d+\.\d toks/s", err), err
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_generation_config_defaults(model_dir: Path, tmp_path: Path) -> None:
+    """The model's generation_config.json decides what the user leaves unset."""
+    gen_dir = tmp_path / "with_generation_config"
+    shutil.copytree(model_dir, gen_dir)
+    gen_file = gen_dir / "generation_config.json"
+    generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
+    generation.update(temperature=0.0, top_k=5, repetition_penalty=3.0, max_new_tokens=8)
+    gen_file.write_text(json.dumps(generation))
+    engine_kwargs = dict(dtype="float32", max_model_len=256, enforce_eager=True, optimization_level=0)
+    llm = LLM(model=str(gen_dir), **engine_kwargs)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.repetition_penalty, defaults.max_tokens) == (0.0, 3.0, 8)
+
+    # This prompt's plain greedy continuation repeats itself within 8 tokens, so the penalty shows.
+    prompt = llm.get_tokenizer().encode(PROMPTS[1])
+    model = AutoModelForCausalLM.from_pretrained(gen_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        penalized = model.generate(ids, max_new_tokens=8, do_sample=False, repetition_penalty=3.0)
+        plain = model.generate(ids, max_new_tokens=8, do_sample=False, repetition_penalty=1.0)
+    expected = penalized[0, len(prompt) :].tolist()
+    assert expected != plain[0, len(prompt) :].tolist(), "the penalty must matter for this test to mean much"
+    (output,) = llm.generate({"prompt_token_ids": prompt}, use_tqdm=False)
+    assert output.outputs[0].token_ids == expected
+    # A field the user sets wins; the unset ones still come from the model (greedy, penalized).
+    (short,) = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=3), use_tqdm=False)
+    assert short.outputs[0].token_ids == expected[:3]
+    # generation_config="vllm" ignores the file: the engine defaults apply.
+    config = EngineArgs(model=str(gen_dir), generation_config="vllm", **engine_kwargs).create_engine_config()
+    vllm_defaults = InputProcessor(config.model_config, llm.get_tokenizer()).default_sampling_params()
+    assert (vllm_defaults.temperature, vllm_defaults.repetition_penalty, vllm_defaults.max_tokens) == (
+        1.0,
+        1.0,
+        16,
+    )

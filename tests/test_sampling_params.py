@@ -21,44 +21,81 @@ def test_defaults_match_vllm() -> None:
     assert not p.is_greedy
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"n": 0}, "n must be at least 1, got 0"),
-        ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5"),
-        ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than 0, got 0.0"),
-        ({"temperature": -0.1}, "temperature must be non-negative, got -0.1"),
-        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
-        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
-        ({"top_k": -2}, "top_k must be 0 or -1 (disabled), or at least 1, got -2"),
-        ({"min_p": 1.1}, "min_p must be in [0, 1], got 1.1"),
-        ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
-        ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1"),
-        (
-            {"min_tokens": 20, "max_tokens": 10},
-            "min_tokens must be less than or equal to max_tokens=10, got 20",
-        ),
-        ({"logprobs": -2}, "logprobs must be non-negative, or -1 for the whole vocabulary, got -2"),
-        ({"prompt_logprobs": -5}, "prompt_logprobs must be non-negative"),
-        ({"stop": ["ok", ""]}, "stop cannot contain an empty string"),
-        ({"stop": "x", "detokenize": False}, "stop strings are only supported when detokenize is True"),
-        ({"stop_token_ids": [-1]}, "stop_token_ids must contain non-negative integer token ids"),
-        ({"allowed_token_ids": []}, "allowed_token_ids must not be empty"),
-        ({"logit_bias": {"a": 1.0}}, "logit_bias must map token ids to numbers"),
-        ({"logit_bias": {3: float("nan")}}, "logit_bias values must be finite"),
-        ({"seed": 2**64}, "seed must fit in 64 bits"),
-        ({"seed": 1.5}, "seed must be an integer, got 1.5"),
-        ({"temperature": "hot"}, "temperature must be a number, got 'hot'"),
-        ({"n": True}, "n must be an integer, got True"),
-        ({"bad_words": ["  "]}, "bad_words must be a list of non-blank strings"),
-        ({"output_kind": 9}, "output_kind must be one of"),
-    ],
-)
+VALIDATION_CASES: list[tuple[dict, str]] = [
+    ({"n": 0}, "n must be at least 1, got 0"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in [-2, 2], got 2.5"),
+    ({"frequency_penalty": -3}, "frequency_penalty must be in [-2, 2], got -3"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than 0, got 0.0"),
+    ({"temperature": -0.1}, "temperature must be non-negative, got -0.1"),
+    ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+    ({"top_k": -2}, "top_k must be 0 or -1 (disabled), or at least 1, got -2"),
+    ({"min_p": 1.1}, "min_p must be in [0, 1], got 1.1"),
+    ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
+    ({"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1"),
+    (
+        {"min_tokens": 20, "max_tokens": 10},
+        "min_tokens must be less than or equal to max_tokens=10, got 20",
+    ),
+    ({"logprobs": -2}, "logprobs must be non-negative, or -1 for the whole vocabulary, got -2"),
+    ({"prompt_logprobs": -5}, "prompt_logprobs must be non-negative"),
+    ({"stop": ["ok", ""]}, "stop cannot contain an empty string"),
+    ({"stop": "x", "detokenize": False}, "stop strings are only supported when detokenize is True"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids must contain non-negative integer token ids"),
+    ({"allowed_token_ids": []}, "allowed_token_ids must not be empty"),
+    ({"logit_bias": {"a": 1.0}}, "logit_bias must map token ids to numbers"),
+    ({"logit_bias": {3: float("nan")}}, "logit_bias values must be finite"),
+    ({"seed": 2**64}, "seed must fit in 64 bits"),
+    ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+    ({"temperature": "hot"}, "temperature must be a finite number, got 'hot'"),
+    ({"temperature": float("inf")}, "temperature must be a finite number, got inf"),
+    ({"n": True}, "n must be an integer, got True"),
+    ({"n": 2.0}, "n must be an integer, got 2.0"),
+    ({"repetition_penalty": -1.0}, "repetition_penalty must be greater than 0, got -1.0"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty must be a finite number"),
+    ({"presence_penalty": float("nan")}, "presence_penalty must be a finite number, got nan"),
+    ({"top_k": 2.5}, "top_k must be an integer, got 2.5"),
+    ({"min_p": -0.1}, "min_p must be in [0, 1], got -0.1"),
+    ({"max_tokens": 3.0}, "max_tokens must be an integer, got 3.0"),
+    ({"min_tokens": "2"}, "min_tokens must be an integer, got '2'"),
+    ({"logprobs": 1.5}, "logprobs must be an integer, got 1.5"),
+    ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+    ({"stop": ["ok", 3]}, "stop must be a string or a list of strings, got ['ok', 3]"),
+    ({"stop_token_ids": 7}, "stop_token_ids must be a list of token ids, got 7"),
+    ({"stop_token_ids": [1.0]}, "stop_token_ids must contain non-negative integer token ids, got 1.0"),
+    ({"allowed_token_ids": 3}, "allowed_token_ids must be a list of token ids, got 3"),
+    ({"allowed_token_ids": [2, -3]}, "allowed_token_ids must contain non-negative integer token ids"),
+    ({"logit_bias": [1, 2]}, "logit_bias must map token ids to numbers, got [1, 2]"),
+    ({"logit_bias": {-4: 1.0}}, "logit_bias must contain non-negative integer token ids, got -4"),
+    ({"bad_words": "bad"}, "bad_words must be a list of strings, got 'bad'"),
+    ({"bad_words": ["  "]}, "bad_words must be a list of non-blank strings"),
+    ({"output_kind": 9}, "output_kind must be one of"),
+    ({"ignore_eos": "false"}, "ignore_eos must be True or False, got 'false'"),
+    ({"detokenize": 0}, "detokenize must be True or False, got 0"),
+    ({"skip_special_tokens": None}, "skip_special_tokens must be True or False, got None"),
+    ({"spaces_between_special_tokens": 1}, "spaces_between_special_tokens must be True or False"),
+    ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output must be True or False"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), VALIDATION_CASES)
 def test_validation_messages(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
         SamplingParams(**kwargs)
     assert message in str(info.value)
+
+
+# Filled in by the front-end (update_from_generation_config / update_from_tokenizer), not by users.
+_INTERNAL_FIELDS = {"all_stop_token_ids", "bad_words_token_ids", "user_set_fields"}
+
+
+def test_every_user_field_has_a_validation_case() -> None:
+    """A new SamplingParams field must come with a rejected value above (and the check behind it)."""
+    covered = {name for kwargs, _ in VALIDATION_CASES for name in kwargs}
+    fields = set(SamplingParams.__struct_fields__) - _INTERNAL_FIELDS
+    # ... and every field named there must be a real one.
+    assert fields - covered == set()
+    assert covered - fields == set()
 
 
 def test_normalisation() -> None:

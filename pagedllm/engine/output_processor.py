@@ -134,7 +134,8 @@ class RequestState:
         self.parent = parent
         self.index = index
         self.sink = sink
-        self.converter = converter
+        # detokenize=False means no text at all, Logprob.decoded_token included (as vLLM).
+        self.converter = converter if params.detokenize else _LogprobsConverter(None)
         self.detokenizer = (
             IncrementalDetokenizer(tokenizer, request.prompt_token_ids, params)
             if params.detokenize and tokenizer is not None

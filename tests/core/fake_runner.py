@@ -11,6 +11,7 @@ lost token after preemption) changes the outputs or trips an assertion.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,11 +183,27 @@ def check_step_limits(scheduler: Scheduler, so: SchedulerOutput) -> None:
         assert so.total_num_scheduled_tokens == scheduler.max_num_scheduled_tokens
 
 
+def check_block_accounting(scheduler: Scheduler) -> None:
+    """Every block's ref count equals the number of live block tables holding it, and only running
+    requests hold blocks: a request's references drop back to zero the moment it finishes, is aborted
+    or is preempted (not only once the whole run is over)."""
+    kv = scheduler.kv_cache_manager
+    assert set(kv.req_to_blocks) == {r.request_id for r in scheduler.running}
+    holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
+    for blocks in kv.req_to_blocks.values():
+        assert len({b.block_id for b in blocks}) == len(blocks), "a block twice in one table"
+    pool = kv.block_pool
+    assert [b.ref_cnt for b in pool.blocks] == [holders[b.block_id] for b in pool.blocks]
+    assert pool.get_num_free_blocks() == sum(1 for b in pool.blocks if b.ref_cnt == 0)
+
+
 def step(scheduler: Scheduler, runner: FakeRunner) -> tuple[SchedulerOutput, EngineCoreOutputs]:
     """One engine step; the outputs are also accumulated in `runner.result`."""
     so = scheduler.schedule()
     check_step_limits(scheduler, so)
+    check_block_accounting(scheduler)
     outs = scheduler.update_from_output(so, runner.execute_model(so))
+    check_block_accounting(scheduler)
     result = runner.result
     result.steps += 1
     if outs.scheduler_stats is not None:

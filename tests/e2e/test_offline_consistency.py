@@ -107,6 +107,64 @@ def test_identical_under_preemption(
     assert [tokens[str(i)] for i in range(len(prompts))] == reference
 
 
+def test_seeded_request_resumes_its_random_stream_after_preemption(
+    llm: LLM, model_dir: Path, prompts: list[list[int]]
+) -> None:
+    # 5 blocks of 16: a long greedy request (40 + 20 tokens) and a short seeded one cannot both grow,
+    # and the seeded one, admitted last, is the fcfs victim.
+    args = EngineArgs(
+        model=str(model_dir),
+        **{**BASE, "max_model_len": 64, "num_gpu_blocks_override": 5, "max_num_batched_tokens": 32},
+    )
+    engine = LLMEngine.from_engine_args(args)
+    long = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    # 5 + 16 tokens: the seeded request needs a second block while the long one holds the other four.
+    seeded = SamplingParams(temperature=3.0, seed=4321, max_tokens=16, ignore_eos=True)
+    engine.add_request("long", {"prompt_token_ids": prompts[9][:40]}, long)
+    engine.add_request("seeded", {"prompt_token_ids": prompts[8]}, seeded)
+    scheduler = engine.engine_core.core.scheduler  # type: ignore[attr-defined]
+    tokens: dict[str, list[int]] = {}
+    seeded_preemptions = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens[output.request_id] = output.outputs[0].token_ids
+        if "seeded" in scheduler.requests:
+            seeded_preemptions = scheduler.requests["seeded"].num_preemptions
+    assert seeded_preemptions > 0, "the seeded request was meant to be preempted"
+    # The runner keeps a seeded request's generator across preemption: same draws as on its own.
+    alone = llm.generate({"prompt_token_ids": prompts[8]}, seeded, use_tqdm=False)[0].outputs[0].token_ids
+    assert tokens["seeded"] == alone
+    assert len(set(alone)) > 1
+
+
+def test_stop_token_ids_and_min_tokens(
+    llm: LLM, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    greedy = reference[4]
+    stop_id = greedy[2]
+    k = greedy.index(stop_id)  # its first appearance
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_id])
+    (stopped,) = llm.generate({"prompt_token_ids": prompts[4]}, params, use_tqdm=False)
+    completion = stopped.outputs[0]
+    # The stop token is kept in token_ids and reported as the stop reason.
+    assert completion.token_ids == greedy[: k + 1]
+    assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_id)
+    # Below min_tokens the stop token can be neither sampled nor end the request.
+    min_tokens = k + 3
+    params = SamplingParams(
+        temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_id], min_tokens=min_tokens
+    )
+    (late,) = llm.generate({"prompt_token_ids": prompts[4]}, params, use_tqdm=False)
+    tokens = late.outputs[0].token_ids
+    assert tokens[:k] == greedy[:k] and len(tokens) >= min_tokens
+    assert stop_id not in tokens[:min_tokens]
+    if late.outputs[0].finish_reason == "stop":
+        assert tokens[-1] == stop_id and stop_id not in tokens[:-1]
+    else:
+        assert late.outputs[0].finish_reason == "length" and len(tokens) == MAX_TOKENS
+
+
 @pytest.mark.parametrize("batch_size", [1, 7, 64])
 def test_batch_size_does_not_change_outputs(llm: LLM, batch_size: int) -> None:
     rng = random.Random(batch_size)

@@ -1,10 +1,13 @@
 """End to end on the embedded SmolLM2-135M-Instruct (Q4_1 GGUF): greedy chat replies, computed with
 chunked prefill, equal transformers' on the same dequantized weights; a second pass served from the
-prefix cache gives the same tokens; chat produces text. (The tiny-model tests cover the other engine
-settings; this module keeps to one engine to stay quick.)"""
+prefix cache gives the same tokens; chat produces text; and a second engine (no prefix caching,
+another chunk size, a KV cache small enough to force preemption) gives the same tokens in a batch of
+64 as the first engine does for the requests one at a time. (The tiny-model tests sweep the engine
+settings more widely; this module keeps to two engines to stay quick.)"""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.config.args import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.slow
 
@@ -71,3 +76,43 @@ def test_prefix_cache_hits_keep_outputs(llm: LLM, replies: list[Any]) -> None:
     assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in replies]
     # SmolLM2's template opens every conversation with the same system prompt (unless one is given).
     assert all(o.num_cached_tokens > 0 for o in again)
+
+
+def test_batch_of_64_without_prefix_cache_under_preemption(llm: LLM, replies: list[Any]) -> None:
+    # 20 blocks of 16 tokens for 64 requests: they cannot all grow at once, so requests are preempted
+    # (about seven times) and recomputed, without prefix caching from scratch; steps of 64 tokens, not
+    # 24 (the chat prompts are chunked at other places).
+    args = EngineArgs(
+        **{**ENGINE, "max_model_len": 128, "max_num_batched_tokens": 64},
+        enable_prefix_caching=False,
+        num_gpu_blocks_override=20,
+    )
+    engine = LLMEngine.from_engine_args(args)
+    tokenizer = engine.get_tokenizer()
+    rng = random.Random(0)
+    words = "sky river paint robot language light blue learn write three tips haiku".split()
+    # 10-15 prompt tokens + 6 outputs: many requests cross into a second block while decoding.
+    short: list[list[int]] = []
+    while len(short) < 64 - len(replies):
+        ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(rng.randrange(6, 16))))
+        if 10 <= len(ids) <= 15:
+            short.append(ids)
+    batch = [o.prompt_token_ids for o in replies] + short
+    for i, ids in enumerate(batch):
+        engine.add_request(str(i), {"prompt_token_ids": ids}, GREEDY)
+    tokens: dict[str, list[int]] = {}
+    preemptions = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens[output.request_id] = output.outputs[0].token_ids
+        if engine.scheduler_stats is not None:
+            preemptions += engine.scheduler_stats.num_preemptions
+    engine.shutdown()
+    assert preemptions > 0, "the KV budget was meant to force preemption"
+    # The chat replies (batch of 3 on the first engine, checked against transformers) ...
+    assert [tokens[str(i)] for i in range(len(replies))] == [o.outputs[0].token_ids for o in replies]
+    # ... and a sample of the short prompts run one at a time on the first engine.
+    for i in (len(replies), 20, 63):
+        (alone,) = llm.generate({"prompt_token_ids": batch[i]}, GREEDY, use_tqdm=False)
+        assert tokens[str(i)] == alone.outputs[0].token_ids

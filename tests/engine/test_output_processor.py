@@ -153,6 +153,19 @@ def test_no_detokenize_gives_ids_only(tokenizer: Any) -> None:
     ids = tokenizer.encode(TEXT)
     final = feed(processor, "r", ids, FinishReason.LENGTH)[-1][0]
     assert final.outputs[0].text == "" and final.outputs[0].token_ids == ids
+    # Logprobs come without decoded tokens as well; a detokenizing request next to it still gets them.
+    processor.add_request(make_request(tokenizer, "ids", detokenize=False, logprobs=1), PROMPT)
+    processor.add_request(make_request(tokenizer, "text", logprobs=1), PROMPT)
+    lists = LogprobsLists([[ids[0], ids[1]]], [[-0.5, -0.25]], [2])
+    result = processor.process_outputs(
+        [
+            EngineCoreOutput(rid, [ids[0]], new_logprobs=lists, finish_reason=FinishReason.LENGTH)
+            for rid in ("ids", "text")
+        ]
+    )
+    rows = {o.request_id: o.outputs[0].logprobs[0] for o in result.request_outputs}
+    assert [lp.decoded_token for lp in rows["ids"].values()] == [None, None]
+    assert [lp.decoded_token for lp in rows["text"].values()] == [tokenizer.decode([t]) for t in ids[:2]]
 
 
 def add_parent(
