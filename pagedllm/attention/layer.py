@@ -2,32 +2,63 @@
 
 from __future__ import annotations
 
-import weakref
+import functools
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
+from pagedllm.attention.backend import AttentionImpl
 from pagedllm.attention.selector import get_attn_backend
 from pagedllm.forward_context import get_forward_context
 
-# Attention layers by unique id, for the custom op below (weak: models may come and go in a process).
-_LAYERS: weakref.WeakValueDictionary[str, Attention] = weakref.WeakValueDictionary()
+
+@functools.cache
+def _impl(
+    num_heads: int, head_size: int, scale: float, num_kv_heads: int, sliding_window: int
+) -> AttentionImpl:
+    return get_attn_backend().get_impl_cls()(
+        num_heads, head_size, scale, num_kv_heads, sliding_window or None
+    )
 
 
 @torch.library.custom_op("pagedllm::unified_attention", mutates_args=())
 def unified_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_id: str
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    num_heads: int,
+    head_size: int,
+    scale: float,
+    num_kv_heads: int,
+    sliding_window: int,
 ) -> torch.Tensor:
     """One layer's attention as an opaque op for torch.compile: the backend's host-side planning
     and per-request loop stay out of the traced graph (no graph break), and the metadata is read
-    from the forward context at run time. Writes the layer's KV cache as a side effect."""
-    layer = _LAYERS[layer_id]
-    return layer.impl.forward(query, key, value, layer.kv_cache, get_forward_context().attn_metadata)
+    from the forward context at run time.
+
+    The layer's cache is a tensor argument, not a name: one traced decoder block serves every layer,
+    each call passing its own cache; the integer/float arguments are the same for every layer that
+    shares a graph. The op writes this step's keys and values into `kv_cache` as a side effect,
+    deliberately undeclared: declaring it would make the functionalized graph copy the whole cache,
+    and nothing else in a graph reads the cache."""
+    impl = _impl(num_heads, head_size, scale, num_kv_heads, sliding_window)
+    return impl.forward(query, key, value, kv_cache, get_forward_context().attn_metadata)
 
 
 @unified_attention.register_fake
-def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer_id: str) -> torch.Tensor:
+def _(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    num_heads: int,
+    head_size: int,
+    scale: float,
+    num_kv_heads: int,
+    sliding_window: int,
+) -> torch.Tensor:
     return torch.empty_like(query)
 
 
@@ -57,8 +88,6 @@ class Attention(nn.Module):
             num_heads, head_size, scale, self.num_kv_heads, sliding_window
         )
         self.kv_cache = torch.empty(0)
-        self.layer_id = f"{prefix}#{id(self)}"
-        _LAYERS[self.layer_id] = self
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """`query` [T, num_heads * head_size], `key`/`value` [T, num_kv_heads * head_size] ->
@@ -68,7 +97,18 @@ class Attention(nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
         if torch.compiler.is_compiling():
-            out = torch.ops.pagedllm.unified_attention(q, k, v, self.layer_id)
+            impl = self.impl
+            out = torch.ops.pagedllm.unified_attention(
+                q,
+                k,
+                v,
+                self.kv_cache,
+                impl.num_heads,
+                impl.head_size,
+                impl.scale,
+                impl.num_kv_heads,
+                impl.sliding_window or 0,
+            )
         else:
             # Eager: call the backend directly, skipping the op dispatcher's overhead.
             out = self.impl.forward(q, k, v, self.kv_cache, get_forward_context().attn_metadata)

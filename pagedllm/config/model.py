@@ -88,8 +88,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     """Allow custom model code from the model repository."""
     dtype: ModelDType | torch.dtype = "auto"
-    """Data type of weights and activations. "auto": float32 on CPU (exact, and faster for decode there);
-    on CUDA the checkpoint's bf16/fp16, bf16 for float32 checkpoints."""
+    """Data type of weights and activations. "auto": on CPU bfloat16 where the CPU has native bf16 dot
+    products (AVX512-BF16, AMX), else float32; on CUDA the checkpoint's bf16/fp16, bf16 for float32
+    checkpoints."""
     seed: int | None = 0
     """Random seed of the engine (per-request seeds are separate)."""
     revision: str | None = None

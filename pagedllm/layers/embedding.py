@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.layers.linear import check_tp_size
+from pagedllm.layers.linear import check_tp_size, linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -50,4 +50,4 @@ class LogitsProcessor(nn.Module):
     """
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states, lm_head.weight).float()
+        return linear(hidden_states, lm_head.weight).float()

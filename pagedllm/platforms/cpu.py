@@ -1,7 +1,10 @@
-"""The CPU platform: no CUDA graphs, float32 by default, thread count and KV budget from the host."""
+"""The CPU platform: no CUDA graphs, bf16 where the CPU has native bf16 dot products (else float32),
+thread count and KV budget from the host."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -29,9 +32,44 @@ class CpuPlatform(Platform):
         return 4096
 
     def default_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
-        # float32 is exact, and bf16 matrix-vector products (decode) run at half the fp32 rate on
-        # x86 CPUs without a bf16 GEMV path, so float32 wins for the latency-bound case.
-        return torch.float32
+        # With native bf16 dot products (AVX512-BF16 or AMX-BF16) bf16 halves the bytes every decode
+        # step reads and doubles the GEMM rate: on a 2-core Zen 4 (AVX512-BF16), bf16 GEMMs run at
+        # 0.38 TFLOP/s against 0.18 for fp32, and a decode step's matrix-vector products take 0.6x
+        # the fp32 time. Without them bf16 is emulated and slower than fp32, which is exact anyway.
+        return torch.bfloat16 if self.has_native_bf16() else torch.float32
+
+    @staticmethod
+    @functools.cache
+    def has_native_bf16() -> bool:
+        """Whether the CPU executes bf16 dot products natively (Linux: the cpuinfo flags)."""
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((line for line in f if line.startswith("flags")), "").split()
+        except OSError:
+            return False
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+
+    @staticmethod
+    def tune_allocator() -> bool:
+        """Keep freed memory in glibc's heap instead of returning it to the OS.
+
+        By default glibc serves every allocation above 128 KiB-32 MiB with a fresh `mmap` and unmaps
+        it on free, so each step's activation and gather buffers are page-faulted (and zeroed by the
+        kernel) again: a 10 MB `index_select` takes 18.7 ms that way and 6.4 ms from a reused heap.
+        Returns whether the settings took (False off glibc)."""
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+        except OSError:
+            return False
+        m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+        return all(
+            libc.mallopt(option, value) == 1
+            for option, value in (
+                (m_mmap_threshold, 1 << 30),
+                (m_trim_threshold, (1 << 31) - 1),
+                (m_top_pad, 1 << 28),
+            )
+        )
 
     def get_cpu_count(self) -> int:
         affinity = getattr(os, "sched_getaffinity", None)

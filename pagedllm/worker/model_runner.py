@@ -35,6 +35,7 @@ from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.logprobs import compute_prompt_logprobs
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
+from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.kv_cache import KVCacheSpec, cpu_kv_cache_budget, profile_cuda_kv_cache_budget
 
@@ -130,15 +131,12 @@ class ModelRunner:
         )
 
     def _build_forward(self, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The callable `(input_ids, positions) -> hidden_states` each step runs: the hook where a
-        compiled or graph-captured forward plugs in (`compilation_config.mode`, issue 6)."""
+        """The callable `(input_ids, positions) -> hidden_states` each step runs: the eager module at
+        O0 (`CompilationMode.NONE`), else the forward compiled per `compilation_config`."""
         mode = self.engine_config.compilation_config.mode
-        if mode not in (None, CompilationMode.NONE):
-            # The eager forward is what every mode computes; compilation only changes its speed.
-            logger.info(
-                "compilation mode %s is not wired into the model runner yet; running eagerly", mode.name
-            )
-        return model
+        if mode in (None, CompilationMode.NONE):
+            return model
+        return CompiledForward(model, self.engine_config)
 
     def _require_model(self) -> nn.Module:
         if self.model is None:

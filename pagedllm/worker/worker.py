@@ -30,10 +30,12 @@ class Worker:
         device = torch.device(self.engine_config.device_config.device)
         if device.type == "cuda":
             torch.cuda.set_device(device if device.index is not None else self.local_rank)
-        elif current_platform.is_cpu() and "OMP_NUM_THREADS" not in os.environ:
-            # torch defaults to the physical core count of the whole machine, which oversubscribes a
-            # container or a process pinned to fewer cores; an explicit OMP_NUM_THREADS wins.
-            torch.set_num_threads(current_platform.get_cpu_count())
+        elif current_platform.is_cpu():
+            if "OMP_NUM_THREADS" not in os.environ:
+                # torch defaults to the physical core count of the whole machine, which oversubscribes
+                # a container or a process pinned to fewer cores; an explicit OMP_NUM_THREADS wins.
+                torch.set_num_threads(current_platform.get_cpu_count())
+            current_platform.tune_allocator()
         seed = self.engine_config.model_config.seed
         if seed is not None:
             # Unseeded random requests draw from the default generators: seeding them makes a run

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from pagedllm.config import CompilationMode, CUDAGraphMode, EngineConfig, ModelConfig, OptimizationLevel
 from pagedllm.platforms import override_platform
+from pagedllm.platforms.cpu import CpuPlatform
 
 
-def test_cpu_defaults() -> None:
+def test_cpu_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CpuPlatform, "has_native_bf16", staticmethod(lambda: False))
     with override_platform("cpu"):
         cfg = EngineConfig(model_config=ModelConfig())
     sc, cc = cfg.scheduler_config, cfg.compilation_config
@@ -16,6 +19,9 @@ def test_cpu_defaults() -> None:
     assert cfg.model_config.dtype == torch.float32 and cfg.device_config.device == torch.device("cpu")
     assert cc.mode == CompilationMode.VLLM_COMPILE and cc.backend == "inductor"
     assert cc.cudagraph_mode == CUDAGraphMode.NONE and cc.compile_ranges_endpoints == [4096]
+    monkeypatch.setattr(CpuPlatform, "has_native_bf16", staticmethod(lambda: True))
+    with override_platform("cpu"):
+        assert EngineConfig(model_config=ModelConfig()).model_config.dtype == torch.bfloat16
     assert sc.async_scheduling is False and cfg.max_concurrent_batches == 1
     assert cfg.cache_config.block_size == 16 and cfg.cache_config.enable_prefix_caching
     assert cfg.parallel_config.distributed_executor_backend == "uni"
@@ -47,11 +53,11 @@ def test_pickle_and_deepcopy_keep_the_resolved_config() -> None:
     import copy
     import pickle
 
-    cfg = EngineConfig(model_config=ModelConfig())
+    cfg = EngineConfig(model_config=ModelConfig(dtype="float16"))
     for clone in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
         assert clone.compute_hash() == cfg.compute_hash()
         assert clone.model_config.gguf_file == cfg.model_config.gguf_file
-        assert clone.model_config.dtype == torch.float32
+        assert clone.model_config.dtype == torch.float16
 
 
 def test_cuda_defaults_without_a_gpu() -> None:

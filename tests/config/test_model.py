@@ -114,11 +114,16 @@ def test_max_model_len_too_large(tiny_llama_dir: Path, monkeypatch: pytest.Monke
     assert ModelConfig(model=str(tiny_llama_dir), max_model_len=1024).max_model_len == 1024
 
 
-def test_dtype_resolution(tmp_path: Path) -> None:
+def test_dtype_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedllm.platforms.cpu import CpuPlatform
+
     fp32 = write_hf_dir(tmp_path / "fp32", dtype="float32")
     fp16 = write_hf_dir(tmp_path / "fp16", dtype="float16")
     with override_platform("cpu"):
+        monkeypatch.setattr(CpuPlatform, "has_native_bf16", staticmethod(lambda: False))
         assert ModelConfig(model=fp16).dtype == torch.float32
+        monkeypatch.setattr(CpuPlatform, "has_native_bf16", staticmethod(lambda: True))
+        assert ModelConfig(model=fp16).dtype == torch.bfloat16
         assert ModelConfig(model=fp16, dtype="bfloat16").dtype == torch.bfloat16
         assert ModelConfig(model=fp32, dtype=torch.float16).dtype == torch.float16
     with override_platform("cuda", capability=(9, 0)):

@@ -37,7 +37,7 @@ CASES: list[tuple[type, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
         {"prompt_lookup_max": 4},
     ),
     (LoRAConfig, {}, {"max_lora_rank": 8}, {"max_cpu_loras": 4}),
-    (ModelConfig, {}, {"dtype": "bfloat16"}, {"served_model_name": "other"}),
+    (ModelConfig, {}, {"dtype": "float16"}, {"served_model_name": "other"}),
     (AttentionConfig, {}, {"backend": "triton_paged"}, {}),
     (OffloadConfig, {}, {"cpu_offload_gb": 1}, {}),
     (MambaConfig, {}, {"backend": "flashinfer"}, {}),

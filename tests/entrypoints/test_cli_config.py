@@ -61,6 +61,7 @@ def test_config_show_default_model_text(smollm2_gguf: Path) -> None:
 
 def test_config_show_json_matches_in_process_config(tiny_model: str) -> None:
     flags = ["--model", tiny_model, "--max-model-len", "1k", "-O0", "--block-size", "32", "-cc.mode=0"]
+    flags += ["--dtype", "float32"]
     result = run_cli("config", "show", "--json", *flags)
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)

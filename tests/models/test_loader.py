@@ -148,7 +148,9 @@ def test_get_model_downloads_hub_weights(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    model_config = ModelConfig(model="someorg/tiny", revision="v1", download_dir=str(tmp_path / "dl"))
+    model_config = ModelConfig(
+        model="someorg/tiny", revision="v1", download_dir=str(tmp_path / "dl"), dtype="float32"
+    )
     assert len(calls) == 1 and not list(snapshot.glob("*.safetensors"))
     model = get_model(EngineConfig(model_config=model_config))
     assert len(calls) == 2

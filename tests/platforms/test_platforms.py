@@ -44,9 +44,12 @@ def test_capability_helpers() -> None:
         assert current_platform.support_static_graph_mode() and current_platform.support_hybrid_kv_cache()
 
 
-def test_dtype_defaults() -> None:
+def test_dtype_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = CpuPlatform()
+    monkeypatch.setattr(CpuPlatform, "has_native_bf16", staticmethod(lambda: False))
     assert cpu.default_dtype(torch.bfloat16) == torch.float32
+    monkeypatch.setattr(CpuPlatform, "has_native_bf16", staticmethod(lambda: True))
+    assert cpu.default_dtype(torch.float32) == torch.bfloat16 and cpu.default_dtype(None) == torch.bfloat16
     hopper, turing = CudaPlatform((9, 0)), CudaPlatform((7, 5))
     assert hopper.default_dtype(torch.float16) == torch.float16
     assert (

@@ -1,0 +1,208 @@
+"""The model forward as each compilation mode runs it (optimization levels O1 and up).
+
+* `NONE` (O0): the eager module.
+* `STOCK_TORCH_COMPILE`: plain `torch.compile` of the whole forward; Dynamo guards and recompiles as
+  usual.
+* `DYNAMO_TRACE_ONCE` and `VLLM_COMPILE`: the model's repeated decoder block (every element of its
+  `nn.ModuleList`s) is traced once per *shape class* of the flattened batch, and that one graph runs
+  every layer: the layers differ only in their weights, which the graph takes as inputs read from the
+  layer it is called with. Dynamo guards are skipped (the class is chosen here, on the host, before the
+  call), so a step never recompiles once its class was compiled. Tracing one block instead of the
+  whole stack makes cold compiles and warm starts ~N-layers times cheaper. The embedding, final norm and
+  LM head stay eager (one or two kernels each).
+
+  The shape classes are the compile ranges of the configuration (`compile_ranges_endpoints`: token
+  counts `(previous end, end]`, each compiled with a dynamic token dimension) and the static sizes
+  (`compile_sizes`, plus 1: a single decode is the latency-critical shape, and Dynamo specializes size
+  1 anyway). `VLLM_COMPILE` hands the graphs to Inductor with the configured options and an on-disk
+  cache under a directory named by the configuration hash, so a second start skips code generation.
+
+Attention is an opaque custom op (`pagedllm::unified_attention`), so a block is one graph.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagedllm.config.compilation import CompilationMode
+
+logger = logging.getLogger("pagedllm.compile")
+
+Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ShapeClass = tuple[str, int]
+
+
+def compile_cache_dir(engine_config: Any) -> Path:
+    """`<cache root>/<config hash>`: the root is `compilation_config.cache_dir`, else
+    `$PAGEDLLM_CACHE_ROOT/torch_compile_cache` (default `~/.cache/pagedllm`)."""
+    root = engine_config.compilation_config.cache_dir
+    if not root:
+        base = os.environ.get("PAGEDLLM_CACHE_ROOT") or os.path.join(Path.home(), ".cache", "pagedllm")
+        root = os.path.join(base, "torch_compile_cache")
+    return Path(root) / engine_config.compute_hash()
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The elements of every `nn.ModuleList` of the model (its decoder layers)."""
+    return [block for m in model.modules() if isinstance(m, nn.ModuleList) for block in m]
+
+
+def _attention_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
+    """What a traced block bakes in of its attention layers (heads, scale, sliding window)."""
+    from pagedllm.attention import Attention
+
+    return tuple(
+        (m.impl.num_heads, m.impl.head_size, m.impl.scale, m.impl.num_kv_heads, m.impl.sliding_window)
+        for m in block.modules()
+        if isinstance(m, Attention)
+    )
+
+
+class CompiledForward:
+    """`(input_ids, positions) -> hidden_states` with the decoder blocks compiled per shape class (see
+    the module doc). Replaces each block's `forward` with a dispatcher; `restore()` undoes it."""
+
+    def __init__(self, model: nn.Module, engine_config: Any) -> None:
+        cc = engine_config.compilation_config
+        self.model = model
+        self.mode: CompilationMode = cc.mode
+        self.backend: str = cc.backend or "inductor"
+        self.inductor_options: dict[str, Any] = dict(cc.inductor_compile_config)
+        max_tokens = engine_config.scheduler_config.max_num_batched_tokens
+        self.range_ends: list[int] = sorted(set(cc.compile_ranges_endpoints or [max_tokens]))
+        self.static_sizes: frozenset[int] = frozenset({1, *(cc.compile_sizes or [])})
+        self.cache_dir: Path | None = None
+        if self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor":
+            self.cache_dir = compile_cache_dir(engine_config)
+            # Read by Inductor's FX-graph and AOT caches whenever they look up an entry.
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir / "inductor")
+        # Graphs Dynamo handed to the backend in this process, and the seconds spent compiling them.
+        self.num_graphs = 0
+        self.compile_seconds = 0.0
+        self._key: ShapeClass | None = None
+        # One compiled function per (block class, attention constants, shape class, which arguments
+        # are None): Dynamo's guards, which would tell a `residual=None` first layer or a
+        # sliding-window layer from the others, are skipped, so the key must.
+        self._fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._blocks: list[nn.Module] = []
+        if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
+            self._stock: Forward = torch.compile(model, backend=self.backend)  # type: ignore[assignment]
+            return
+        self._blocks = repeated_blocks(model)
+        if not self._blocks:
+            raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to compile")
+        # The LM head of a single row (one sequence decoding) is a matrix-vector product over the
+        # whole vocabulary: compiled, it streams the weight (see `pagedllm.layers.linear.linear`).
+        self._eager_logits = model.compute_logits
+        self._single_row_logits = self._compile(self._eager_logits)
+        model.compute_logits = self._compute_logits  # type: ignore[method-assign]
+        for block in self._blocks:
+            signature = (type(block), _attention_constants(block))
+            block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
+
+    def restore(self) -> None:
+        """Give the blocks (and the LM head) back their eager forward."""
+        for block in self._blocks:
+            del block.forward
+        if self._blocks:
+            del self.model.compute_logits
+
+    def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.shape[0] == 1:
+            return self._single_row_logits(hidden_states)
+        return self._eager_logits(hidden_states)
+
+    def _compile(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return torch.compile(
+            fn,
+            backend=self._backend,
+            fullgraph=True,
+            dynamic=False,
+            isolate_recompiles=True,
+            options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+        )
+
+    def shape_class(self, num_tokens: int) -> ShapeClass:
+        """("size", n) for a static size, else ("range", i) for the i-th compile range."""
+        if num_tokens in self.static_sizes:
+            return ("size", num_tokens)
+        i = bisect.bisect_left(self.range_ends, num_tokens)
+        if i == len(self.range_ends):
+            raise ValueError(f"{num_tokens} tokens exceed the last compile range end {self.range_ends[-1]}")
+        return ("range", i)
+
+    def _range_bounds(self, i: int) -> tuple[int, int]:
+        lo = self.range_ends[i - 1] + 1 if i else 1
+        # Size 1 is always a static class, so no range needs it (Dynamo cannot make 1 dynamic).
+        return max(lo, 2), self.range_ends[i]
+
+    def _describe(self, key: ShapeClass) -> str:
+        return f"{key[1]} tokens" if key[0] == "size" else "{}..{} tokens".format(*self._range_bounds(key[1]))
+
+    def _backend(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        self.num_graphs += 1
+        start = time.perf_counter()
+        if self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            compiled = compile_fx(gm, list(example_inputs), config_patches=self.inductor_options)
+        else:
+            compiled = torch._dynamo.lookup_backend(self.backend)(gm, list(example_inputs))
+        self.compile_seconds += time.perf_counter() - start
+        return compiled
+
+    def _compiled(
+        self, signature: tuple[type, Any], key: ShapeClass, args: tuple[Any, ...]
+    ) -> tuple[Callable[..., Any], bool]:
+        full_key = (*signature, key, tuple(a is None for a in args))
+        fn = self._fns.get(full_key)
+        if fn is not None:
+            return fn, False
+        fn = self._compile(signature[0].forward)
+        self._fns[full_key] = fn
+        return fn, True
+
+    def _run_block(self, block: nn.Module, signature: tuple[type, Any], *args: Any) -> Any:
+        key = self._key
+        if key is None:  # called outside __call__ (a profiling run, a test driving the model)
+            return type(block).forward(block, *args)
+        fn, fresh = self._compiled(signature, key, args)
+        if not fresh:
+            return fn(block, *args)
+        if key[0] == "range":
+            lo, hi = self._range_bounds(key[1])
+            for t in args:
+                if isinstance(t, torch.Tensor):
+                    torch._dynamo.mark_dynamic(t, 0, min=lo, max=hi)
+        graphs, start = self.num_graphs, time.perf_counter()
+        out = fn(block, *args)
+        logger.info(
+            "compiled %s for %s in %.1f s (%d graph%s in this process)",
+            type(block).__name__,
+            self._describe(key),
+            time.perf_counter() - start,
+            self.num_graphs,
+            "" if self.num_graphs == 1 else "s",
+        )
+        if self.num_graphs == graphs:
+            logger.debug("shape class %s reused an existing graph", key)
+        return out
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
+            return self._stock(input_ids, positions)
+        self._key = self.shape_class(input_ids.shape[0])
+        try:
+            return self.model(input_ids, positions)
+        finally:
+            self._key = None
