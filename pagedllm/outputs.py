@@ -25,12 +25,20 @@ class RequestMetrics:
     """Times (seconds, time.time() clock) of a request's life, filled in by the front-end."""
 
     arrival_time: float
-    # No first-scheduled time: the core reports no scheduling events, so the front-end cannot know it
-    # (time_to_first_token covers queueing plus prefill).
+    # When the engine core's scheduler first scheduled the request (reported with its first output).
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
     num_generation_tokens: int = 0
+
+    @property
+    def time_in_queue(self) -> float | None:
+        """Arrival to first scheduled: the wait for the engine, without the prefill."""
+        if self.first_scheduled_time is None:
+            return None
+        # The core's clock is another process's reading of the wall clock: never report a negative wait.
+        return max(self.first_scheduled_time - self.arrival_time, 0.0)
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -84,11 +92,19 @@ class RequestOutput:
         """Merge a later output of the same request (streaming n > 1: children report one at a time).
 
         With ``aggregate`` (DELTA outputs collected between two reads) the new text, tokens and logprobs
-        are appended to the completion of the same index; otherwise that completion is replaced."""
+        are appended to the completion of the same index, and new prompt logprobs to the prompt's;
+        otherwise that completion (and the prompt logprobs, when given) is replaced."""
         self.finished |= next_output.finished
         if next_output.metrics is not None:
             self.metrics = next_output.metrics
         self.num_cached_tokens = next_output.num_cached_tokens
+        if next_output.prompt_logprobs is not None:
+            # Over a chunked prefill the prompt's logprobs come in pieces: DELTA pieces add up, while a
+            # cumulative output already holds every row so far.
+            if aggregate and self.prompt_logprobs is not None:
+                self.prompt_logprobs = [*self.prompt_logprobs, *next_output.prompt_logprobs]
+            else:
+                self.prompt_logprobs = next_output.prompt_logprobs
         for completion in next_output.outputs:
             for i, mine in enumerate(self.outputs):
                 if mine.index != completion.index:

@@ -41,6 +41,8 @@ class AttentionMetadata:
     # Python copies of the small per-request vectors, for backends that loop or bucket on the host.
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    # Whether the step runs a compiled forward (O1+): backends may then use compiled kernels too.
+    compiled_decode: bool = False
     # Backend-private per-step precomputation (index tensors shared by every layer), filled by the
     # backend on the first layer of the step. Build a fresh metadata object for each step.
     backend_cache: dict[Any, Any] = field(default_factory=dict, repr=False)

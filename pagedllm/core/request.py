@@ -81,6 +81,10 @@ class Request:
         # Prompt tokens served from the prefix cache when first scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        # Wall-clock time the scheduler first scheduled the request (a resume after preemption keeps
+        # it: the queue time ends once); reported to the front-end once, with the next output.
+        self.first_scheduled_time: float | None = None
+        self._first_scheduled_time_reported = False
 
         self._block_hasher = block_hasher
         self.block_hashes: list[BlockHash] = []
@@ -119,6 +123,13 @@ class Request:
             # Output tokens fill blocks too: hashing them lets a preempted request (and a follow-up
             # turn of a conversation) hit its own earlier output in the prefix cache.
             self.block_hashes.extend(self._block_hasher(self))
+
+    def take_first_scheduled_time(self) -> float | None:
+        """The first-scheduled time, the first time it is asked for once known; None afterwards."""
+        if self.first_scheduled_time is None or self._first_scheduled_time_reported:
+            return None
+        self._first_scheduled_time_reported = True
+        return self.first_scheduled_time
 
     def is_finished(self) -> bool:
         return RequestStatus.is_finished(self.status)

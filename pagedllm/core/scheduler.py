@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -310,6 +311,9 @@ class Scheduler:
             self.waiting.pop()
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
+            if request.first_scheduled_time is None:
+                # Wall clock: the front-end subtracts its own time.time() arrival from it.
+                request.first_scheduled_time = time.time()
             kv.record_prefix_cache_lookup(request.num_tokens, num_hit)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
@@ -378,6 +382,9 @@ class Scheduler:
                     finish_reason=request.get_finished_reason(),
                     stop_reason=request.stop_reason,
                     num_cached_tokens=max(request.num_cached_tokens, 0),
+                    # Rides on the first output rather than a message of its own (a mid-prefill chunk
+                    # reports nothing): queue time is only recorded once the request finishes anyway.
+                    first_scheduled_time=request.take_first_scheduled_time(),
                 )
             )
             if stopped:

@@ -139,7 +139,10 @@ class AsyncLLM:
         return RequestStream(self, request_id, collector)
 
     async def _send(self, request: EngineCoreRequest) -> None:
-        self._tracker.add_request(request.request_id, len(request.prompt_token_ids))
+        # The request's own (wall-clock) arrival, the same clock as the core's scheduling time.
+        self._tracker.add_request(
+            request.request_id, len(request.prompt_token_ids), arrival_time=request.arrival_time
+        )
         await self.client.add_request_async(request)
 
     async def generate(

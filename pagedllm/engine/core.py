@@ -63,6 +63,7 @@ class EngineCore:
         check_num_blocks(num_blocks, spec.block_size, max_model_len, spec.bytes_per_block)
         cache_config.num_gpu_blocks = num_blocks
         self.model_executor.initialize_kv_cache(num_blocks)
+        self.model_executor.compile_or_warm_up_model()
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %.1fx max_model_len=%d)",
             num_blocks,

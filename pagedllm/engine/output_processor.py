@@ -162,6 +162,8 @@ class RequestState:
         """Apply one core output; True when a stop string ended the request here (abort it in the core)."""
         new_ids = output.new_token_ids
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
+        if output.first_scheduled_time is not None and self.metrics.first_scheduled_time is None:
+            self.metrics.first_scheduled_time = output.first_scheduled_time
         if output.new_prompt_logprobs is not None and self.prompt_logprobs is not None:
             self.prompt_logprobs.extend(self.converter.convert(output.new_prompt_logprobs))
         if new_ids:
@@ -264,7 +266,13 @@ class ParentRequest:
         self._merge_metrics(state.request_id, state.metrics)
         self.num_cached_tokens = max(self.num_cached_tokens, state.num_cached_tokens)
         if state.index == 0 and state.prompt_logprobs is not None:
-            self.prompt_logprobs = state.take_prompt_logprobs()
+            piece = state.take_prompt_logprobs()
+            if self.output_kind == RequestOutputKind.DELTA and self.prompt_logprobs is not None:
+                # A DELTA piece not sent yet (no output was made since): the new one continues it.
+                self.prompt_logprobs = [*self.prompt_logprobs, *(piece or [])]
+            else:
+                # Cumulative and final outputs take every row so far from the child.
+                self.prompt_logprobs = piece
         if completion is not None:
             self.latest[completion.index] = completion
             self.step_completions.append(completion)
@@ -274,6 +282,11 @@ class ParentRequest:
     def _merge_metrics(self, state_id: str, child: RequestMetrics) -> None:
         mine = self.metrics
         assert mine is not None
+        if child.first_scheduled_time is not None:
+            # The request left the queue when its first child did.
+            mine.first_scheduled_time = min(
+                mine.first_scheduled_time or child.first_scheduled_time, child.first_scheduled_time
+            )
         if child.first_token_time is not None:
             mine.first_token_time = min(
                 mine.first_token_time or child.first_token_time, child.first_token_time

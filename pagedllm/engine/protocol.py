@@ -42,6 +42,10 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # The stop token id (int) that ended the request, if any.
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # When the scheduler first scheduled the request (queue time = this - arrival_time). Wall clock
+    # (time.time()), like the front-end's arrival_time: time.monotonic()'s reference point is undefined,
+    # so it is only comparable within one process. Sent once, with the request's first output.
+    first_scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:
@@ -60,6 +64,7 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
-    timestamp: float = msgspec.field(default_factory=time.monotonic)
+    # Wall clock, like every time that crosses the process boundary.
+    timestamp: float = msgspec.field(default_factory=time.time)
     # Requests the core finished on its own initiative (e.g. rejected at admission): id -> message.
     errors: dict[str, str] = {}

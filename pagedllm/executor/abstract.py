@@ -63,6 +63,10 @@ class Executor(ABC):
     def initialize_kv_cache(self, num_blocks: int) -> None: ...
 
     @abstractmethod
+    def compile_or_warm_up_model(self) -> None:
+        """Compile the forward for every shape class before the first request."""
+
+    @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
 
     @abstractmethod

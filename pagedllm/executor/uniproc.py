@@ -30,6 +30,9 @@ class UniProcExecutor(Executor):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.worker.initialize_kv_cache(num_blocks)
 
+    def compile_or_warm_up_model(self) -> None:
+        self.worker.compile_or_warm_up_model()
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
 

@@ -75,7 +75,7 @@ class PrometheusStatLogger:
         )
         self.request_queue_time = histogram(
             "request_queue_time_seconds",
-            "Arrival to the first token: time spent waiting for the engine, including prefill.",
+            "Arrival to the first time the scheduler scheduled the request.",
             _LATENCY_BUCKETS,
         )
         token_buckets = _token_buckets(max_model_len)
@@ -106,7 +106,8 @@ class PrometheusStatLogger:
         for finished in iteration_stats.finished_requests:
             self._request_success.labels(self._model_name, str(finished.finish_reason)).inc()
             self.e2e_request_latency.observe(finished.e2e_latency)
-            self.request_queue_time.observe(finished.queued_and_prefill_time)
+            if finished.queue_time is not None:
+                self.request_queue_time.observe(finished.queue_time)
             self.request_prompt_tokens.observe(finished.num_prompt_tokens)
             self.request_generation_tokens.observe(finished.num_generation_tokens)
 

@@ -1,8 +1,11 @@
 """Per-iteration statistics computed in the front-end from the core's outputs.
 
 The core reports what only it knows (queue lengths, KV usage, prefix cache counters) in
-`SchedulerStats`; latencies are measured here, on the front-end's clock, when each output arrives —
-that is the time a client can see a token, which is what TTFT and inter-token latency should measure.
+`SchedulerStats`, and when it first scheduled each request (`EngineCoreOutput.first_scheduled_time`);
+latencies are measured here, when each output arrives — that is the time a client can see a token, which
+is what TTFT and inter-token latency should measure. Every time here is wall clock (time.time()): the
+arrival time comes from the request and the scheduling time from the core's process, and only the wall
+clock is shared between processes.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ class FinishedRequestStats:
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int
-    # Arrival to the first token the front-end saw: queueing plus prefill (the core reports no
-    # scheduling time, so this is the closest measure of time spent waiting for the engine).
-    queued_and_prefill_time: float
+    # Arrival to the first time the core scheduled the request; None when the core never reported it
+    # (the time rides on the request's first output: aborted or rejected before that).
+    queue_time: float | None
 
 
 @dataclass
@@ -40,6 +43,7 @@ class _RequestTimes:
     arrival_time: float
     num_prompt_tokens: int
     num_generation_tokens: int = 0
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float = 0.0
 
@@ -51,7 +55,7 @@ class RequestStatsTracker:
         self._requests: dict[str, _RequestTimes] = {}
 
     def add_request(self, request_id: str, num_prompt_tokens: int, arrival_time: float | None = None) -> None:
-        now = time.monotonic() if arrival_time is None else arrival_time
+        now = time.time() if arrival_time is None else arrival_time
         self._requests[request_id] = _RequestTimes(arrival_time=now, num_prompt_tokens=num_prompt_tokens)
 
     def finish_request(
@@ -61,15 +65,17 @@ class RequestStatsTracker:
         times = self._requests.pop(request_id, None)
         if times is None:
             return None
-        return _finished(times, reason, time.monotonic() if now is None else now)
+        return _finished(times, reason, time.time() if now is None else now)
 
     def update(self, outputs: EngineCoreOutputs, now: float | None = None) -> IterationStats:
-        now = time.monotonic() if now is None else now
+        now = time.time() if now is None else now
         stats = IterationStats()
         for output in outputs.outputs:
             times = self._requests.get(output.request_id)
             if times is None:
                 continue
+            if output.first_scheduled_time is not None and times.first_scheduled_time is None:
+                times.first_scheduled_time = output.first_scheduled_time
             num_new = len(output.new_token_ids)
             if num_new:
                 if times.first_token_time is None:
@@ -90,11 +96,15 @@ class RequestStatsTracker:
 
 
 def _finished(times: _RequestTimes, reason: FinishReason, now: float) -> FinishedRequestStats:
-    first = times.first_token_time if times.first_token_time is not None else now
+    queue_time = None
+    if times.first_scheduled_time is not None:
+        # Two processes' readings of the wall clock: a step of the clock in between must not make a
+        # negative wait.
+        queue_time = max(times.first_scheduled_time - times.arrival_time, 0.0)
     return FinishedRequestStats(
         finish_reason=reason,
         e2e_latency=now - times.arrival_time,
         num_prompt_tokens=times.num_prompt_tokens,
         num_generation_tokens=times.num_generation_tokens,
-        queued_and_prefill_time=first - times.arrival_time,
+        queue_time=queue_time,
     )

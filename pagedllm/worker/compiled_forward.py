@@ -86,8 +86,10 @@ class CompiledForward:
             self.cache_dir = compile_cache_dir(engine_config)
             # Read by Inductor's FX-graph and AOT caches whenever they look up an entry.
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir / "inductor")
-        # Graphs Dynamo handed to the backend in this process, and the seconds spent compiling them.
+        # Graphs Dynamo handed to the backend in this process, how many of those Inductor loaded from
+        # its on-disk cache instead of generating code, and the seconds spent compiling them.
         self.num_graphs = 0
+        self.num_cache_hits = 0
         self.compile_seconds = 0.0
         self._key: ShapeClass | None = None
         # One compiled function per (block class, attention constants, shape class, which arguments
@@ -141,6 +143,10 @@ class CompiledForward:
             raise ValueError(f"{num_tokens} tokens exceed the last compile range end {self.range_ends[-1]}")
         return ("range", i)
 
+    def warm_up_sizes(self) -> list[int]:
+        """One token count per shape class (static sizes first), for compiling ahead of requests."""
+        return sorted(self.static_sizes) + [self._range_bounds(i)[0] for i in range(len(self.range_ends))]
+
     def _range_bounds(self, i: int) -> tuple[int, int]:
         lo = self.range_ends[i - 1] + 1 if i else 1
         # Size 1 is always a static class, so no range needs it (Dynamo cannot make 1 dynamic).
@@ -153,9 +159,12 @@ class CompiledForward:
         self.num_graphs += 1
         start = time.perf_counter()
         if self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor":
+            from torch._dynamo.utils import counters
             from torch._inductor.compile_fx import compile_fx
 
+            hits = counters["inductor"]["fxgraph_cache_hit"]
             compiled = compile_fx(gm, list(example_inputs), config_patches=self.inductor_options)
+            self.num_cache_hits += counters["inductor"]["fxgraph_cache_hit"] - hits
         else:
             compiled = torch._dynamo.lookup_backend(self.backend)(gm, list(example_inputs))
         self.compile_seconds += time.perf_counter() - start
@@ -187,12 +196,12 @@ class CompiledForward:
         graphs, start = self.num_graphs, time.perf_counter()
         out = fn(block, *args)
         logger.info(
-            "compiled %s for %s in %.1f s (%d graph%s in this process)",
+            "compiled %s for %s in %.1f s (%d graphs in this process, %d from the compile cache)",
             type(block).__name__,
             self._describe(key),
             time.perf_counter() - start,
             self.num_graphs,
-            "" if self.num_graphs == 1 else "s",
+            self.num_cache_hits,
         )
         if self.num_graphs == graphs:
             logger.debug("shape class %s reused an existing graph", key)

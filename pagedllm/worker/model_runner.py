@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import mmap
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -210,6 +211,30 @@ class ModelRunner:
         bind_kv_cache(model, self.kv_caches)
         self.num_blocks = num_blocks
 
+    @torch.inference_mode()
+    def compile_or_warm_up_model(self) -> None:
+        """At O1 and up, compile (or load from the compile cache) the forward of every shape class and
+        the single-row LM head now, so that no request waits for a compiler. Attention runs without
+        the cache here, as in `profile_run`: the graphs do not depend on the metadata."""
+        forward = self._forward
+        if not isinstance(forward, CompiledForward):
+            return
+        model = self._require_model()
+        start, graphs = time.perf_counter(), forward.num_graphs
+        for n in forward.warm_up_sizes():
+            ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+            positions = torch.arange(n, dtype=torch.int64, device=self.device)
+            with set_forward_context(None):
+                hidden = forward(ids, positions)
+            model.compute_logits(hidden[-1:])
+        logger.info(
+            "compiled %d graphs in %.1f s (%d from the compile cache at %s)",
+            forward.num_graphs - graphs,
+            time.perf_counter() - start,
+            forward.num_cache_hits,
+            forward.cache_dir,
+        )
+
     # ------------------------------------------------------------------------------- stepping
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -292,6 +317,7 @@ class ModelRunner:
             max_seq_len=max_seq_len,
             query_start_loc_cpu=qsl.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
+            compiled_decode=isinstance(self._forward, CompiledForward),
         )
         input_ids = self._input_ids.to_device(total)
         positions_dev = self._positions.to_device(total)

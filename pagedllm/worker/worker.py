@@ -63,6 +63,9 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
 
+    def compile_or_warm_up_model(self) -> None:
+        self.runner.compile_or_warm_up_model()
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
 

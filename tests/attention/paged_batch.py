@@ -13,6 +13,9 @@ from pagedllm.forward_context import set_forward_context
 
 
 class PagedBatch:
+    # Metadata flag for the backend's compiled kernels (the runner sets it at O1 and up).
+    compiled_decode = False
+
     def __init__(
         self,
         num_layers: int,
@@ -78,6 +81,7 @@ class PagedBatch:
             max_seq_len=max(seq_lens),
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
+            compiled_decode=self.compiled_decode,
         )
         return torch.tensor(positions, dtype=torch.int64), md
 

@@ -13,6 +13,14 @@ from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, _bu
 from pagedllm.forward_context import set_forward_context
 
 
+@pytest.fixture(autouse=True, params=[False, True], ids=["blockwise-decode", "compiled-decode"])
+def compiled_decode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every test runs with decode steps on the block-wise path and on the compiled dense kernel
+    (which the runner enables at O1 and up for steps of up to 8 decoding requests)."""
+    monkeypatch.setattr(PagedBatch, "compiled_decode", request.param)
+    return request.param
+
+
 def _dense_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float, window: int | None
 ) -> torch.Tensor:
@@ -96,10 +104,12 @@ def test_many_decodes_one_step() -> None:
 
 
 @pytest.mark.parametrize("window", [None, 40])
-def test_decode_work_is_linear_in_keys_attended(window: int | None) -> None:
+def test_decode_work_is_linear_in_keys_attended(window: int | None, compiled_decode: bool) -> None:
     """The decode path's batch has one entry per (request, cache block it reads): the total is the
     sum of each request's own block count (fewer with a window), not num_requests x the longest
     request's blocks, so short requests beside a long one cost only their own keys."""
+    if compiled_decode:
+        pytest.skip("the compiled kernel serves at most 8 requests, padded to the longest table")
     lengths = [1, 16, 17, 500, 3]
     batch = PagedBatch(1, 2, 8, num_blocks=64, block_size=16)
     batch.metadata([(str(i), n - 1) for i, n in enumerate(lengths) if n > 1])

@@ -169,16 +169,23 @@ def test_no_detokenize_gives_ids_only(tokenizer: Any) -> None:
 
 
 def add_parent(
-    processor: OutputProcessor, tokenizer: Any, kind: RequestOutputKind, n: int = 2, seed: int | None = None
+    processor: OutputProcessor,
+    tokenizer: Any,
+    kind: RequestOutputKind,
+    n: int = 2,
+    seed: int | None = None,
+    sink: RequestOutputCollector | None = None,
+    **params: Any,
 ) -> ParentRequest:
-    request = make_request(tokenizer, "p", n=n, output_kind=kind, seed=seed)
-    parent = ParentRequest("p", request.sampling_params, PROMPT, sink=None)
+    request = make_request(tokenizer, "p", n=n, output_kind=kind, seed=seed, **params)
+    parent = ParentRequest("p", request.sampling_params, PROMPT, sink=sink)
     for index, child_id in enumerate(parent.child_ids):
         child = EngineCoreRequest(
             child_id,
             request.prompt_token_ids,
             parent.child_params(request.sampling_params, index),
             request.eos_token_id,
+            arrival_time=request.arrival_time,
         )
         processor.add_request(child, PROMPT, parent, index)
     return parent
@@ -274,3 +281,103 @@ def test_collector_merges_deltas_for_a_slow_reader(tokenizer: Any) -> None:
     collector.put(RuntimeError("engine died"))
     with pytest.raises(RuntimeError, match="engine died"):
         collector.get_nowait()
+
+
+# ------------------------------------------------------------------- prompt logprobs in pieces, queue time
+def prompt_pieces(tokenizer: Any) -> tuple[LogprobsLists, LogprobsLists, list[float | None]]:
+    """PROMPT's logprobs in two pieces, as over a chunked prefill, and the logprob of every prompt
+    token the output should end up with (None for the first, which nothing predicts)."""
+    targets = tokenizer.encode(PROMPT)[1:]
+    values = [-0.5 - i for i in range(len(targets))]
+    pieces = tuple(
+        LogprobsLists([[t] for t in targets[part]], [[v] for v in values[part]], [1] * len(values[part]))
+        for part in (slice(0, 1), slice(1, None))
+    )
+    return pieces[0], pieces[1], [None, *values]
+
+
+def prompt_values(prompt_logprobs: Any, tokenizer: Any) -> list[float | None]:
+    tokens = tokenizer.encode(PROMPT)
+    return [None if row is None else row[t].logprob for row, t in zip(prompt_logprobs, tokens)]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_collector_keeps_every_prompt_logprob_piece_for_a_slow_reader(tokenizer: Any, n: int) -> None:
+    processor = OutputProcessor(tokenizer)
+    collector = RequestOutputCollector(RequestOutputKind.DELTA)
+    kind = RequestOutputKind.DELTA
+    if n == 1:
+        processor.add_request(
+            make_request(tokenizer, "p", prompt_logprobs=1, output_kind=kind), PROMPT, sink=collector
+        )
+        core_ids = ["p"]
+    else:
+        core_ids = add_parent(processor, tokenizer, kind, n=n, sink=collector, prompt_logprobs=1).child_ids
+    first, rest, expected = prompt_pieces(tokenizer)
+    a, b = tokenizer.encode(" red green")
+    steps = [
+        [EngineCoreOutput(i, [], new_prompt_logprobs=first) for i in core_ids],
+        [EngineCoreOutput(i, [a], new_prompt_logprobs=rest) for i in core_ids],
+        [EngineCoreOutput(i, [b], finish_reason=FinishReason.LENGTH) for i in core_ids],
+    ]
+    for step in steps:
+        assert processor.process_outputs(step).request_outputs == []
+    # Read once, after the whole prefill: every piece is there, once.
+    merged = collector.get_nowait()
+    assert merged is not None and merged.finished
+    assert merged.prompt_logprobs is not None
+    assert prompt_values(merged.prompt_logprobs, tokenizer) == expected
+    assert [c.token_ids for c in merged.outputs] == [[a, b]] * n
+
+
+@pytest.mark.parametrize("kind", list(RequestOutputKind))
+def test_parent_merges_prompt_logprob_pieces_of_one_batch(tokenizer: Any, kind: RequestOutputKind) -> None:
+    processor = OutputProcessor(tokenizer)
+    add_parent(processor, tokenizer, kind, prompt_logprobs=1)
+    first, rest, expected = prompt_pieces(tokenizer)
+    a, b = tokenizer.encode(" red green")
+    # Both chunks of child 0 in one batch of outputs: the parent sees two pieces before it makes one
+    # output from them.
+    batches = [
+        [
+            EngineCoreOutput("0_p", [], new_prompt_logprobs=first),
+            EngineCoreOutput("0_p", [a], new_prompt_logprobs=rest),
+            EngineCoreOutput("1_p", [], new_prompt_logprobs=first),
+            EngineCoreOutput("1_p", [b], new_prompt_logprobs=rest),
+        ],
+        [EngineCoreOutput(i, [a], finish_reason=FinishReason.LENGTH) for i in ("0_p", "1_p")],
+    ]
+    outputs = [o for batch in batches for o in processor.process_outputs(batch).request_outputs]
+    if kind == RequestOutputKind.DELTA:
+        pieces = [o.prompt_logprobs for o in outputs if o.prompt_logprobs is not None]
+        assert prompt_values([row for piece in pieces for row in piece], tokenizer) == expected
+    else:
+        final = outputs[-1]
+        assert final.finished and final.prompt_logprobs is not None
+        assert prompt_values(final.prompt_logprobs, tokenizer) == expected
+
+
+def test_first_scheduled_time_fills_metrics(tokenizer: Any) -> None:
+    processor = OutputProcessor(tokenizer)
+    processor.add_request(make_request(tokenizer, "solo", output_kind=RequestOutputKind.FINAL_ONLY), PROMPT)
+    add_parent(processor, tokenizer, RequestOutputKind.FINAL_ONLY)
+    a, b = tokenizer.encode(" red green")
+    processor.process_outputs(
+        [
+            EngineCoreOutput("solo", [a], first_scheduled_time=100.25),
+            # The second child was scheduled later, but reports first.
+            EngineCoreOutput("1_p", [a], first_scheduled_time=100.75),
+        ]
+    )
+    processor.process_outputs([EngineCoreOutput("0_p", [a], first_scheduled_time=100.5)])
+    done = processor.process_outputs(
+        [EngineCoreOutput(i, [b], finish_reason=FinishReason.LENGTH) for i in ("solo", "0_p", "1_p")]
+    )
+    metrics = {o.request_id: o.metrics for o in done.request_outputs}
+    solo, parent = metrics["solo"], metrics["p"]
+    assert solo is not None and parent is not None
+    # The arrival is 100.0; later outputs (without a time) leave it as reported.
+    assert (solo.first_scheduled_time, solo.time_in_queue) == (100.25, 0.25)
+    # An n > 1 request left the queue when its first child was scheduled.
+    assert (parent.first_scheduled_time, parent.time_in_queue) == (100.5, 0.5)
+    assert solo.time_to_first_token is not None and solo.time_in_queue <= solo.time_to_first_token

@@ -429,7 +429,6 @@ def test_length_errors_name_parameter_and_numbers(server: RemoteServer) -> None:
         ({"prompt": PROMPT, "stop": 5}, "stop"),
         ({"prompt": PROMPT, "suffix": "x"}, "suffix"),
         ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),
-        ({"prompt": PROMPT, "echo": True, "logprobs": 1, "stream": True}, "echo"),
         ({"prompt": PROMPT, "top_k": -5}, "top_k"),
         ({"max_tokens": 3}, "prompt"),
         ({"prompt": [100, 10**7]}, "prompt"),

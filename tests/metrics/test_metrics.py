@@ -13,9 +13,16 @@ from pagedllm.metrics.prometheus import PrometheusStatLogger, _token_buckets
 from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
 
 
-def _outputs(*items: tuple[str, list[int], FinishReason | None]) -> EngineCoreOutputs:
+def _outputs(
+    *items: tuple[str, list[int], FinishReason | None], scheduled: dict[str, float] | None = None
+) -> EngineCoreOutputs:
+    """Core outputs; ``scheduled`` gives the first-scheduled time the core reports for some requests."""
+    scheduled = scheduled or {}
     return EngineCoreOutputs(
-        outputs=[EngineCoreOutput(rid, toks, finish_reason=fr) for rid, toks, fr in items]
+        outputs=[
+            EngineCoreOutput(rid, toks, finish_reason=fr, first_scheduled_time=scheduled.get(rid))
+            for rid, toks, fr in items
+        ]
     )
 
 
@@ -24,7 +31,7 @@ def test_tracker_latencies_and_token_counts() -> None:
     tracker.add_request("a", num_prompt_tokens=7, arrival_time=100.0)
     tracker.add_request("b", num_prompt_tokens=3, arrival_time=100.5)
     # A step where "a" is still mid-prefill produces nothing for it.
-    first = tracker.update(_outputs(("b", [5], None)), now=101.0)
+    first = tracker.update(_outputs(("b", [5], None), scheduled={"b": 100.75}), now=101.0)
     assert first.num_prompt_tokens == 3
     assert first.num_generation_tokens == 1
     assert first.time_to_first_tokens == [pytest.approx(0.5)]
@@ -38,7 +45,8 @@ def test_tracker_latencies_and_token_counts() -> None:
     assert finished.finish_reason == FinishReason.LENGTH
     assert finished.e2e_latency == pytest.approx(0.75)
     assert (finished.num_prompt_tokens, finished.num_generation_tokens) == (3, 3)
-    assert finished.queued_and_prefill_time == pytest.approx(0.5)
+    # Queue time ends when the core first scheduled "b", not at its first token (0.5 s after arrival).
+    assert finished.queue_time == pytest.approx(0.25)
     # Outputs of a request no longer tracked (finished, aborted) are ignored.
     assert tracker.update(_outputs(("b", [8], None)), now=102.0).num_generation_tokens == 0
 
@@ -53,6 +61,32 @@ def test_tracker_finish_request_by_front_end() -> None:
     assert stats.num_generation_tokens == 2
     assert stats.e2e_latency == pytest.approx(2.0)
     assert tracker.finish_request("a", FinishReason.ABORT) is None
+
+
+def test_tracker_queue_time_unknown_or_skewed() -> None:
+    tracker = RequestStatsTracker()
+    for request_id in ("late", "waiting", "skewed"):
+        tracker.add_request(request_id, num_prompt_tokens=4, arrival_time=10.0)
+    # Reported once, with the first output; a later output without it does not erase it.
+    tracker.update(_outputs(("late", [1], None), scheduled={"late": 10.5}), now=11.0)
+    [late] = tracker.update(_outputs(("late", [2], FinishReason.STOP)), now=12.0).finished_requests
+    assert late.queue_time == pytest.approx(0.5)
+    # Aborted before the core scheduled it: no queue time is known, and none is made up.
+    waiting = tracker.finish_request("waiting", FinishReason.ABORT, now=13.0)
+    assert waiting is not None and waiting.queue_time is None
+    # The core's wall clock read earlier than the arrival (a clock step): no negative wait.
+    [skewed] = tracker.update(
+        _outputs(("skewed", [1], FinishReason.STOP), scheduled={"skewed": 9.5}), now=11.0
+    ).finished_requests
+    assert skewed.queue_time == 0.0
+    # Only known queue times reach the histogram; the request counts everywhere else.
+    prom = PrometheusStatLogger("m", 128)
+    prom.record(None, IterationStats(finished_requests=[late, waiting]))
+    samples = _samples(prom)
+    model = (("model_name", "m"),)
+    assert samples[("pagedllm:e2e_request_latency_seconds_count", model)] == 2
+    assert samples[("pagedllm:request_queue_time_seconds_count", model)] == 1
+    assert samples[("pagedllm:request_queue_time_seconds_sum", model)] == pytest.approx(0.5)
 
 
 def test_tracker_forgets_rejected_requests() -> None:
@@ -81,7 +115,7 @@ def test_prometheus_records_gauges_counters_histograms() -> None:
         prefix_cache_queries=32,
         prefix_cache_hits=16,
     )
-    prom.record(stats, tracker.update(_outputs(("a", [1], None)), now=0.5))
+    prom.record(stats, tracker.update(_outputs(("a", [1], None), scheduled={"a": 0.125}), now=0.5))
     prom.record(stats, tracker.update(_outputs(("a", [2, 3], FinishReason.STOP)), now=0.75))
     samples = _samples(prom)
     model = (("model_name", "my-model"),)
@@ -101,6 +135,7 @@ def test_prometheus_records_gauges_counters_histograms() -> None:
     assert samples[("pagedllm:inter_token_latency_seconds_sum", model)] == pytest.approx(0.25)
     assert samples[("pagedllm:e2e_request_latency_seconds_sum", model)] == pytest.approx(0.75)
     assert samples[("pagedllm:request_queue_time_seconds_count", model)] == 1
+    assert samples[("pagedllm:request_queue_time_seconds_sum", model)] == pytest.approx(0.125)
     assert samples[("pagedllm:request_prompt_tokens_sum", model)] == 5
     assert samples[("pagedllm:request_generation_tokens_sum", model)] == 3
     # Idle again: the gauges follow the latest stats.

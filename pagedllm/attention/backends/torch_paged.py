@@ -26,7 +26,10 @@ keeps this backend out of CUDA graph capture: a fused GPU kernel backend is the 
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -54,6 +57,17 @@ class _DecodePlan:
 
 
 @dataclass
+class _DenseDecodePlan:
+    """A few decode requests for the compiled kernel: query rows, their block-table rows (padded with
+    block 0, masked out by `seq_lens`) and their lengths."""
+
+    rows: torch.Tensor | None
+    num_reqs: int
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+@dataclass
 class _PrefillSegment:
     req: int
     start: int
@@ -64,7 +78,7 @@ class _PrefillSegment:
 
 @dataclass
 class _Plan:
-    decode: _DecodePlan | None
+    decode: _DecodePlan | _DenseDecodePlan | None
     prefills: list[_PrefillSegment]
     # Cache block and offset of each new token (from slot_mapping).
     slot_block: torch.Tensor
@@ -89,6 +103,14 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
     if dec.size == 0:
         return _Plan(None, prefills, slot_block, slot_offset)
     dseq = seq[dec]
+    contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
+    rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
+    if md.compiled_decode and dec.size <= DENSE_DECODE_MAX_REQS:
+        dec_t = torch.from_numpy(dec).to(device)
+        max_blocks = int((dseq.max() + block_size - 1) // block_size)
+        tables = md.block_tables.index_select(0, dec_t)[:, :max_blocks].long()
+        dense = _DenseDecodePlan(rows, int(dec.size), tables, torch.from_numpy(dseq).to(device))
+        return _Plan(dense, prefills, slot_block, slot_offset)
     # Blocks wholly outside the sliding window are skipped, not just masked.
     first = np.maximum(dseq - window, 0) // block_size if window is not None else np.zeros_like(dseq)
     nblk = (dseq - 1) // block_size - first + 1
@@ -109,8 +131,6 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
     block_ids = md.block_tables[dec_t.index_select(0, req_of_block), blk_in_req].long()
     valid = torch.from_numpy(valid_np).to(device)
     tail = torch.from_numpy(tail_np).to(device)
-    contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
-    rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
     decode = _DecodePlan(
         rows,
         int(dec.size),
@@ -122,6 +142,58 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
         bool((nblk == 1).all()),
     )
     return _Plan(decode, prefills, slot_block, slot_offset)
+
+
+# Decode steps of at most this many requests run the compiled dense kernel when it is enabled: it
+# needs no per-block bookkeeping ops, which dominate when there are few requests (one request's decode
+# over 512 keys: 0.08 ms per layer against 0.35 ms for the block-wise path on 2 Zen 4 cores); with many
+# requests its padding to the longest table costs more than it saves.
+DENSE_DECODE_MAX_REQS = 8
+
+
+def dense_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """Decode attention of `q` [R, Hkv, G, D] over each request's blocks (`block_tables` [R, MB] into
+    head-major caches [NB, Hkv, bs, D]) written as plain tensor ops, for Inductor to fuse the block
+    gathers into its loads: no gathered copy of the keys or values is ever materialized."""
+    num_blocks = block_tables.shape[1]
+    block_size = k_cache.shape[2]
+    k = k_cache[block_tables].float()  # [R, MB, Hkv, bs, D]
+    scores = (q.float()[:, None, :, :, None, :] * k[:, :, :, None, :, :]).sum(-1) * scale  # [R,MB,Hkv,G,bs]
+    pos = torch.arange(num_blocks * block_size, device=q.device).view(num_blocks, block_size)
+    valid = pos[None] < seq_lens[:, None, None]
+    if window > 0:
+        valid &= pos[None] >= (seq_lens - window)[:, None, None]
+    scores = scores.masked_fill(~valid[:, :, None, None, :], float("-inf"))
+    probs = torch.exp(scores - scores.amax(dim=(1, 4), keepdim=True))
+    # Masked slots are zeroed, not just weighted 0: a never-written slot may hold NaN (0 * NaN = NaN).
+    v = v_cache[block_tables].float().masked_fill(~valid[:, :, None, :, None], 0.0)  # [R, MB, Hkv, bs, D]
+    out = (probs[..., None] * v[:, :, :, None, :, :]).sum(dim=(1, 4))  # [R, Hkv, G, D]
+    return (out / probs.sum(dim=(1, 4))[..., None]).to(q.dtype)
+
+
+@functools.cache
+def _compiled_dense_decode() -> Callable[..., torch.Tensor]:
+    # A model needs up to four graphs (one or more requests, one or more blocks); every other head
+    # layout, window or dtype in the process adds its own.
+    return torch.compile(dense_decode, fullgraph=True, dynamic=False, recompile_limit=64)
+
+
+def _run_compiled_dense(*args: Any) -> torch.Tensor:
+    q, k_cache, v_cache, block_tables, seq_lens = args[:5]
+    # Requests, cache blocks and table width vary per step: one graph serves them all. Sizes of 1
+    # (a single request, a single block) are specialized by Dynamo into graphs of their own.
+    for t, dims in ((q, (0,)), (k_cache, (0,)), (v_cache, (0,)), (block_tables, (0, 1)), (seq_lens, (0,))):
+        for d in dims:
+            torch._dynamo.maybe_mark_dynamic(t, d)
+    return _compiled_dense_decode()(*args)
 
 
 def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -207,9 +279,22 @@ class TorchPagedAttentionImpl(AttentionImpl):
         )
         return out.squeeze(0)
 
-    def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, p: _DecodePlan, out: torch.Tensor) -> None:
+    def _decode(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        p: _DecodePlan | _DenseDecodePlan,
+        out: torch.Tensor,
+    ) -> None:
         group = self.num_heads // self.num_kv_heads
         q = query[: p.num_reqs] if p.rows is None else query.index_select(0, p.rows)
+        if isinstance(p, _DenseDecodePlan):
+            q = q.reshape(p.num_reqs, self.num_kv_heads, group, self.head_size)
+            o = _run_compiled_dense(
+                q, kv_cache[0], kv_cache[1], p.block_tables, p.seq_lens, self.scale, self.sliding_window or 0
+            )
+            self._store_decode(o.reshape(p.num_reqs, self.num_heads, self.head_size), p.rows, out)
+            return
         q = (q * self.scale).view(p.num_reqs, self.num_kv_heads, group, self.head_size)
         qb = _gather_rows(q.contiguous(), p.req_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
         # Head-major blocks: both products below are plain batched GEMMs on the gathered blocks
@@ -233,11 +318,15 @@ class TorchPagedAttentionImpl(AttentionImpl):
             denom = _segment_sum(probs.sum(dim=-1), p.req_of_block, p.num_reqs)
             o_blk = torch.matmul(probs.to(vb.dtype), vb).float()  # [B, Hkv, G, D]
             o = _segment_sum(o_blk, p.req_of_block, p.num_reqs) / denom.unsqueeze(-1)
-        o = o.reshape(p.num_reqs, self.num_heads, self.head_size).to(out.dtype)
-        if p.rows is None:
-            out[: p.num_reqs] = o
+        self._store_decode(o.reshape(p.num_reqs, self.num_heads, self.head_size), p.rows, out)
+
+    @staticmethod
+    def _store_decode(o: torch.Tensor, rows: torch.Tensor | None, out: torch.Tensor) -> None:
+        o = o.to(out.dtype)
+        if rows is None:
+            out[: o.shape[0]] = o
         else:
-            out.index_copy_(0, p.rows, o)
+            out.index_copy_(0, rows, o)
 
 
 class TorchPagedAttentionBackend(AttentionBackend):

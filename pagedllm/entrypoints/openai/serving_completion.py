@@ -30,7 +30,7 @@ from pagedllm.entrypoints.openai.serving_utils import (
     sse_error,
     start_requests,
 )
-from pagedllm.outputs import CompletionOutput, Logprob, RequestOutput
+from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
@@ -97,10 +97,6 @@ class OpenAIServingCompletion:
             raise OpenAIError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (only best_of equal to n)", param="best_of")
-        if request.echo and request.logprobs is not None and request.stream:
-            # Prompt logprobs may arrive in pieces over a chunked prefill, and the streaming path has no
-            # way to hold them back until they are complete.
-            raise OpenAIError("echo together with logprobs is not supported when streaming", param="echo")
         check_stream_options(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
@@ -204,22 +200,54 @@ class OpenAIServingCompletion:
             and request.stream_options is not None
             and request.stream_options.continuous_usage_stats
         )
+        echo_logprobs = request.echo and request.logprobs is not None
         prompt_tokens = [0] * len(streams)
+        # Per prompt: its logprobs so far (DELTA outputs bring them in pieces over a chunked prefill).
+        prompt_logprobs: list[PromptLogprobs] = [[] for _ in streams]
         completion_tokens: dict[int, int] = {}
         echoed: set[int] = set()
-        # Per choice: characters sent so far, for logprobs' text_offset.
+        # Per choice not echoed yet: what it produced while its prompt's logprobs were incomplete.
+        held: dict[int, CompletionOutput] = {}
+        # Per choice: text_offset of its next token.
         offsets: dict[int, int] = {}
         try:
             async for prompt_index, output in merge_streams(streams):
-                prompt_tokens[prompt_index] = len(output.prompt_token_ids or [])
+                prompt_ids = output.prompt_token_ids or []
+                prompt_tokens[prompt_index] = len(prompt_ids)
+                if output.prompt_logprobs is not None:
+                    prompt_logprobs[prompt_index].extend(output.prompt_logprobs)
                 for completion in output.outputs:
                     index = prompt_index * request.n + completion.index
-                    prefix = ""
+                    prefix, prefix_logprobs = "", None
                     if request.echo and index not in echoed:
+                        completion = _join(held.pop(index, None), completion)
+                        if (
+                            echo_logprobs
+                            and len(prompt_logprobs[prompt_index]) < len(prompt_ids)
+                            and not completion.finished()
+                        ):
+                            # The echoed prompt and all its logprobs come first, as in the full response;
+                            # with n > 1 another child may sample before the prompt's logprobs are in.
+                            held[index] = completion
+                            continue
                         echoed.add(index)
                         prefix = self._prompt_text(output)
-                    choice = self._choice(request, index, completion, prefix, offsets.get(index, 0))
-                    offsets[index] = offsets.get(index, 0) + len(choice.text)
+                        if echo_logprobs:
+                            prefix_logprobs = logprobs_block(
+                                prompt_ids, prompt_logprobs[prompt_index], self.engine.tokenizer, 0
+                            )
+                    elif not (completion.text or completion.token_ids or completion.finished()):
+                        continue  # only prompt logprobs of a prefill chunk: nothing for this choice
+                    choice = self._choice(
+                        request, index, completion, prefix, offsets.get(index, 0), prefix_logprobs
+                    )
+                    if choice.logprobs is not None:
+                        # Offsets count the tokens' texts, as the full response does (the detokenized
+                        # text can differ in length, e.g. around a held-back stop string).
+                        if choice.logprobs.tokens:
+                            offsets[index] = choice.logprobs.text_offset[-1] + len(choice.logprobs.tokens[-1])
+                    else:
+                        offsets[index] = offsets.get(index, 0) + len(choice.text)
                     completion_tokens[index] = completion_tokens.get(index, 0) + len(completion.token_ids)
                     chunk = CompletionStreamResponse(id=request_id, model=model, choices=[choice])
                     if continuous:
@@ -236,6 +264,24 @@ class OpenAIServingCompletion:
         except ValueError as e:  # rejected by the core at admission
             yield sse_error(OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)))
         yield SSE_DONE
+
+
+def _join(earlier: CompletionOutput | None, later: CompletionOutput) -> CompletionOutput:
+    """Two consecutive DELTA pieces of one choice as one."""
+    if earlier is None:
+        return later
+    logprobs = None
+    if earlier.logprobs is not None or later.logprobs is not None:
+        logprobs = [*(earlier.logprobs or []), *(later.logprobs or [])]
+    return CompletionOutput(
+        index=later.index,
+        text=earlier.text + later.text,
+        token_ids=[*earlier.token_ids, *later.token_ids],
+        cumulative_logprob=later.cumulative_logprob,
+        logprobs=logprobs,
+        finish_reason=later.finish_reason,
+        stop_reason=later.stop_reason,
+    )
 
 
 def _usage(prompt_tokens: list[int], completion_tokens: dict[int, int]) -> UsageInfo:

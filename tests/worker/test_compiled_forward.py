@@ -1,0 +1,138 @@
+"""Compiled execution (optimization levels O1-O3 and every compilation mode): the same greedy tokens as
+eager on a workload of mixed prefill/decode steps, one graph per shape class, and a warm second start
+that loads every graph from the on-disk cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runner_driver import RunnerDriver, hf_greedy, make_config, save_tiny_model
+
+from pagedllm.config import CompilationConfig, CompilationMode, EngineConfig
+from pagedllm.worker.compiled_forward import CompiledForward
+from pagedllm.worker.model_runner import ModelRunner
+
+PROMPTS = {"a": list(range(5, 45)), "b": [100, 101, 102], "c": [7 * i % 256 for i in range(1, 30)]}
+MAX_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def hf_tokens(model_dir: Path) -> dict[str, list[int]]:
+    return {k: hf_greedy(model_dir, p, MAX_TOKENS) for k, p in PROMPTS.items()}
+
+
+def run_workload(runner: ModelRunner) -> dict[str, list[int]]:
+    """Staggered arrivals and 7-token prefill chunks: steps of many different sizes, mixing chunks,
+    whole prompts and decodes, and single-request decode steps at the end."""
+    driver = RunnerDriver(runner, num_blocks=64, chunk_size=7)
+    driver.add("a", PROMPTS["a"], MAX_TOKENS)
+    driver.step()
+    driver.add("b", PROMPTS["b"], MAX_TOKENS)
+    driver.step()
+    driver.add("c", PROMPTS["c"], MAX_TOKENS + 6)
+    return driver.run()
+
+
+def make_runner(model_dir: Path, tmp_path: Path, **fields: Any) -> ModelRunner:
+    """A runner over the tiny model, compiled per `fields` (EngineConfig fields), with its compile
+    cache under `tmp_path`."""
+    base = make_config(model_dir)
+    fields.setdefault("compilation_config", CompilationConfig())
+    fields["compilation_config"].cache_dir = str(tmp_path / "compile-cache")
+    config = EngineConfig(
+        model_config=base.model_config,
+        scheduler_config=base.scheduler_config,
+        cache_config=base.cache_config,
+        **fields,
+    )
+    runner = ModelRunner(config)
+    runner.load_model()
+    runner.initialize_kv_cache(64)
+    return runner
+
+
+@pytest.mark.parametrize("level", [0, 1, 2, 3])
+def test_every_level_gives_the_greedy_tokens_of_eager(
+    level: int, model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path
+) -> None:
+    runner = make_runner(
+        model_dir, tmp_path, optimization_level=level, compilation_config=CompilationConfig()
+    )
+    compiled = level > 0
+    assert isinstance(runner._forward, CompiledForward) == compiled
+    expected = dict(hf_tokens)
+    expected["c"] = hf_greedy(model_dir, PROMPTS["c"], MAX_TOKENS + 6)
+    assert run_workload(runner) == expected
+    if compiled:
+        forward = runner._forward
+        assert isinstance(forward, CompiledForward)
+        # One graph per (shape class, first layer or not) for the two classes the workload hits
+        # (1 token, 2..64 tokens), plus the single-row LM head: many step sizes, no recompiles.
+        assert forward.num_graphs == 5
+
+
+@pytest.mark.parametrize("mode", [CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE])
+def test_other_compilation_modes(
+    mode: CompilationMode, model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path
+) -> None:
+    runner = make_runner(
+        model_dir, tmp_path, compilation_config=CompilationConfig(mode=mode, backend="eager")
+    )
+    assert isinstance(runner._forward, CompiledForward) and runner._forward.mode == mode
+    tokens = run_workload(runner)
+    assert tokens["a"] == hf_tokens["a"] and tokens["b"] == hf_tokens["b"]
+
+
+def test_shape_classes(model_dir: Path, tmp_path: Path) -> None:
+    runner = make_runner(
+        model_dir,
+        tmp_path,
+        compilation_config=CompilationConfig(compile_ranges_endpoints=[8], compile_sizes=[4]),
+    )
+    forward = runner._forward
+    assert isinstance(forward, CompiledForward) and forward.range_ends == [8, 64]
+    assert [forward.shape_class(n) for n in (1, 2, 4, 8, 9, 64)] == [
+        ("size", 1),
+        ("range", 0),
+        ("size", 4),
+        ("range", 0),
+        ("range", 1),
+        ("range", 1),
+    ]
+    assert forward._range_bounds(0) == (2, 8) and forward._range_bounds(1) == (9, 64)
+    with pytest.raises(ValueError, match="65 tokens exceed the last compile range end 64"):
+        forward.shape_class(65)
+
+
+_WARM_START = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from test_compiled_forward import make_runner, run_workload
+runner = make_runner(Path({model!r}), Path({tmp!r}))
+run_workload(runner)
+print(json.dumps({{"graphs": runner._forward.num_graphs, "hits": runner._forward.num_cache_hits}}))
+"""
+
+
+def test_warm_start_loads_every_graph_from_the_cache(model_dir: Path, tmp_path: Path) -> None:
+    script = _WARM_START.format(tests=str(Path(__file__).parent), model=str(model_dir), tmp=str(tmp_path))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["graphs"] == warm["graphs"] == 5
+    assert cold["hits"] == 0 and warm["hits"] == 5
+    assert any((tmp_path / "compile-cache").iterdir())
