@@ -1,4 +1,4 @@
-"""`pagedllm bench throughput|latency|serve`."""
+"""`pagedllm bench throughput|latency|serve|startup`."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ _BENCHMARKS = {
     "throughput": "pagedllm.benchmarks.throughput",
     "latency": "pagedllm.benchmarks.latency",
     "serve": "pagedllm.benchmarks.serve_cmd",
+    "startup": "pagedllm.benchmarks.startup",
 }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve.")
+    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve, startup.")
     bench = parser.add_subparsers(dest="benchmark", metavar="<benchmark>", required=True)
     for module in _BENCHMARKS.values():
         importlib.import_module(module).add_parser(bench)

@@ -36,6 +36,40 @@ def load_hf_model(model_path: Path, gguf_file: Path | None, dtype: torch.dtype) 
     return model.eval()
 
 
+@dataclass
+class LatencyBaseline:
+    dtype: torch.dtype
+    prefill_s: float  # one forward over the (equal-length) prompts
+    decode_step_s: float  # median time of one greedy decode step of the batch
+
+
+@torch.inference_mode()
+def run_hf_latency(
+    model: torch.nn.Module, prompts: list[list[int]], output_len: int, repeats: int = 3
+) -> LatencyBaseline:
+    """HF's prefill time (a forward over the prompts) and decode step time (generate's extra time per
+    new token beyond the prefill), best of `repeats` each, for prompts of equal length."""
+    dtype = next(model.parameters()).dtype
+    ids = torch.tensor(prompts, dtype=torch.long)
+    mask = torch.ones_like(ids)
+    prefill = decode = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model(input_ids=ids, attention_mask=mask, use_cache=True)
+        prefill = min(prefill, time.perf_counter() - start)
+        start = time.perf_counter()
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,
+            do_sample=False,
+            pad_token_id=0,
+        )
+        decode = min(decode, (time.perf_counter() - start - prefill) / max(output_len - 1, 1))
+    return LatencyBaseline(dtype, prefill, decode)
+
+
 @torch.inference_mode()
 def run_hf_generate(
     model: torch.nn.Module, requests: list[SampleRequest], batch_size: int, pad_token_id: int

@@ -23,6 +23,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument("--output-len", type=int, default=128)
     group.add_argument("--num-iters-warmup", type=int, default=1)
     group.add_argument("--num-iters", type=int, default=3)
+    group.add_argument(
+        "--baseline",
+        choices=["none", "hf"],
+        default="none",
+        help="Also time HF transformers' prefill and greedy decode on the same prompts, and print ratios.",
+    )
+    group.add_argument("--hf-dtypes", default="float32,bfloat16", help="Baseline dtypes (comma separated).")
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
     EngineArgs.add_cli_args(parser)
     return parser
@@ -104,8 +111,42 @@ def run(args: argparse.Namespace) -> int:
         f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s "
         f"({report['fraction_of_bandwidth_roofline']:.1%})"
     )
+    engine.shutdown()
+    if args.baseline == "hf":
+        report["baselines"] = _hf_baselines(args, model_config, prompts, report)
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(report, f, indent=2)
-    engine.shutdown()
     return 0
+
+
+def _hf_baselines(
+    args: argparse.Namespace, model_config, prompts: list[list[int]], ours: dict
+) -> list[dict[str, float | str]]:
+    from pagedllm.benchmarks.hf_baseline import load_hf_model, run_hf_latency
+    from pagedllm.benchmarks.throughput import DTYPES
+
+    rows: list[dict[str, float | str]] = []
+    for name in args.hf_dtypes.split(","):
+        if name not in DTYPES:
+            raise ValueError(f"--hf-dtypes: unknown dtype {name!r}; choose from {sorted(DTYPES)}")
+        model = load_hf_model(model_config.model_path, model_config.gguf_file, DTYPES[name])
+        res = run_hf_latency(model, prompts, args.output_len)
+        del model
+        prefill_tok_s = args.batch_size * args.input_len / res.prefill_s
+        decode_tok_s = args.batch_size / res.decode_step_s
+        print(
+            f"HF transformers {name}: prefill {prefill_tok_s:.0f} tok/s "
+            f"(pagedllm {ours['prefill_tokens_per_s'] / prefill_tok_s:.2f}x), decode {decode_tok_s:.1f} tok/s "
+            f"(pagedllm {ours['decode_tokens_per_s'] / decode_tok_s:.2f}x)"
+        )
+        rows.append(
+            {
+                "dtype": name,
+                "prefill_tokens_per_s": prefill_tok_s,
+                "decode_tokens_per_s": decode_tok_s,
+                "prefill_ratio": ours["prefill_tokens_per_s"] / prefill_tok_s,
+                "decode_ratio": ours["decode_tokens_per_s"] / decode_tok_s,
+            }
+        )
+    return rows

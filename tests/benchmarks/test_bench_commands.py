@@ -1,0 +1,110 @@
+"""`pagedllm bench throughput|latency|startup` end to end on a tiny model: the figures they report are
+consistent with the workload (token counts, ratios against the HF baseline measured beside them), not
+timed here (timings live in benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+from tiny_llm import make_tiny_llm
+
+ENGINE = ["-O0", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory-bytes", str(16 << 20)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "pagedllm.entrypoints.cli", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_throughput_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "throughput.json"
+    args = ["--num-prompts", "6", "--input-len", "8..40", "--output-len", "5", "--baseline", "hf"]
+    result = bench(
+        "throughput",
+        "--model",
+        str(model_dir),
+        *ENGINE,
+        *args,
+        "--hf-dtypes",
+        "float32",
+        "--hf-batch-size",
+        "4",
+        "--output-json",
+        str(out),
+    )
+    report = json.loads(out.read_text())
+    assert report["num_requests"] == 6 and report["dtype"] == "float32"
+    # Every request generates exactly output-len tokens (ignore_eos), on both sides.
+    assert report["output_tokens_per_s"] * report["elapsed_s"] == pytest.approx(30)
+    (hf,) = report["baselines"]
+    assert hf["dtype"] == "float32" and hf["num_output_tokens"] == 30
+    assert hf["num_input_tokens"] == round(report["input_tokens_per_s"] * report["elapsed_s"])
+    assert report["ratio_vs_best_hf"] == pytest.approx(
+        report["total_tokens_per_s"] / hf["total_tokens_per_s"]
+    )
+    assert 0 < report["fraction_of_compute_roofline"]
+    assert "ratio vs best HF" in result.stdout
+
+
+def test_latency_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "latency.json"
+    args = [
+        "--batch-size",
+        "2",
+        "--input-len",
+        "24",
+        "--output-len",
+        "6",
+        "--num-iters",
+        "2",
+        "--baseline",
+        "hf",
+    ]
+    bench(
+        "latency",
+        "--model",
+        str(model_dir),
+        *ENGINE,
+        *args,
+        "--hf-dtypes",
+        "float32",
+        "--output-json",
+        str(out),
+    )
+    report = json.loads(out.read_text())
+    assert report["prefill_tokens_per_s"] == pytest.approx(48 / report["prefill_s_median"])
+    steps = report["decode_step_ms"]
+    assert 0 < steps["p50"] <= steps["p90"] <= steps["p99"]
+    (hf,) = report["baselines"]
+    assert hf["prefill_ratio"] == pytest.approx(report["prefill_tokens_per_s"] / hf["prefill_tokens_per_s"])
+    assert hf["decode_ratio"] == pytest.approx(report["decode_tokens_per_s"] / hf["decode_tokens_per_s"])
+
+
+def test_startup_serves_a_request_and_stops_the_server(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "startup.json"
+    before = {p.pid for p in psutil.process_iter()}
+    bench("startup", "--runs", "1", "--output-json", str(out), "--", "--model", str(model_dir), *ENGINE)
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["kind"] == "cold" and 0 < run["healthy_s"] <= run["first_request_served_s"]
+    leftover = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "serve" in (p.info["cmdline"] or [])
+    ]
+    assert leftover == []
