@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e.tiny_llm import hf_greedy, make_tiny_llm
+from tiny_llm import hf_greedy, make_tiny_llm
 from transformers import AutoModelForCausalLM
 
 from pagedllm import LLM, SamplingParams

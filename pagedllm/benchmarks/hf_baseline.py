@@ -3,13 +3,44 @@ weights, prompts, dtype and output lengths (left-padded batches, greedy, EOS ign
 
 from __future__ import annotations
 
+import argparse
+import gc
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from pagedllm.benchmarks.datasets import SampleRequest
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_baseline_args(group: argparse._ArgumentGroup, what: str) -> None:
+    """`--baseline none|hf` and `--hf-dtypes`, shared by the benchmarks that measure HF beside them."""
+    group.add_argument(
+        "--baseline",
+        choices=["none", "hf"],
+        default="none",
+        help=f"Also run HF transformers' {what} on the same prompts and print the ratio.",
+    )
+    group.add_argument("--hf-dtypes", default="float32,bfloat16", help="Baseline dtypes (comma separated).")
+
+
+def hf_models(model_config: Any, dtypes: str) -> Iterator[tuple[str, torch.nn.Module]]:
+    """The HF model of `model_config` in each dtype of the comma-separated `dtypes`, one at a time
+    (each is released before the next loads)."""
+    names = dtypes.split(",")
+    for name in names:
+        if name not in DTYPES:
+            raise ValueError(f"--hf-dtypes: unknown dtype {name!r}; choose from {sorted(DTYPES)}")
+    for name in names:
+        model = load_hf_model(model_config.model_path, model_config.gguf_file, DTYPES[name])
+        yield name, model
+        del model
+        gc.collect()
 
 
 @dataclass

@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 from pagedllm.benchmarks.datasets import random_requests
+from pagedllm.benchmarks.hf_baseline import add_baseline_args
 from pagedllm.benchmarks.model_stats import ModelStats
 from pagedllm.benchmarks.roofline import copy_bandwidth
 from pagedllm.config.args import EngineArgs
@@ -23,13 +24,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument("--output-len", type=int, default=128)
     group.add_argument("--num-iters-warmup", type=int, default=1)
     group.add_argument("--num-iters", type=int, default=3)
-    group.add_argument(
-        "--baseline",
-        choices=["none", "hf"],
-        default="none",
-        help="Also time HF transformers' prefill and greedy decode on the same prompts, and print ratios.",
-    )
-    group.add_argument("--hf-dtypes", default="float32,bfloat16", help="Baseline dtypes (comma separated).")
+    add_baseline_args(group, "prefill and greedy decode")
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
     EngineArgs.add_cli_args(parser)
     return parser
@@ -123,16 +118,11 @@ def run(args: argparse.Namespace) -> int:
 def _hf_baselines(
     args: argparse.Namespace, model_config, prompts: list[list[int]], ours: dict
 ) -> list[dict[str, float | str]]:
-    from pagedllm.benchmarks.hf_baseline import load_hf_model, run_hf_latency
-    from pagedllm.benchmarks.throughput import DTYPES
+    from pagedllm.benchmarks.hf_baseline import hf_models, run_hf_latency
 
     rows: list[dict[str, float | str]] = []
-    for name in args.hf_dtypes.split(","):
-        if name not in DTYPES:
-            raise ValueError(f"--hf-dtypes: unknown dtype {name!r}; choose from {sorted(DTYPES)}")
-        model = load_hf_model(model_config.model_path, model_config.gguf_file, DTYPES[name])
+    for name, model in hf_models(model_config, args.hf_dtypes):
         res = run_hf_latency(model, prompts, args.output_len)
-        del model
         prefill_tok_s = args.batch_size * args.input_len / res.prefill_s
         decode_tok_s = args.batch_size / res.decode_step_s
         print(

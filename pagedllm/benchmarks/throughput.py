@@ -8,16 +8,12 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-
 from pagedllm.benchmarks.datasets import SampleRequest, chat_requests, parse_range, random_requests
-from pagedllm.benchmarks.hf_baseline import BaselineResult, load_hf_model, run_hf_generate
+from pagedllm.benchmarks.hf_baseline import BaselineResult, add_baseline_args, hf_models, run_hf_generate
 from pagedllm.benchmarks.model_stats import ModelStats
 from pagedllm.benchmarks.roofline import Roofline
 from pagedllm.config.args import EngineArgs
 from pagedllm.sampling_params import SamplingParams
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -56,13 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument("--input-len", default="128..512", help="Random prompt length: N or LOW..HIGH.")
     group.add_argument("--output-len", type=int, default=128)
     group.add_argument("--seed-workload", type=int, default=0, help="Seed of the random workload.")
-    group.add_argument(
-        "--baseline",
-        choices=["none", "hf"],
-        default="none",
-        help="Also run HF transformers' batched generate on the same prompts and print the ratio.",
-    )
-    group.add_argument("--hf-dtypes", default="float32,bfloat16", help="Baseline dtypes (comma separated).")
+    add_baseline_args(group, "batched generate")
     group.add_argument("--hf-batch-size", type=int, default=32)
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
     EngineArgs.add_cli_args(parser)
@@ -160,16 +150,11 @@ def _run_baselines(
     results = []
     pad = model_config.hf_config.pad_token_id
     pad = pad if pad is not None else (model_config.hf_config.eos_token_id or 0)
-    for name in args.hf_dtypes.split(","):
-        if name not in DTYPES:
-            raise ValueError(f"--hf-dtypes: unknown dtype {name!r}; choose from {sorted(DTYPES)}")
-        model = load_hf_model(model_config.model_path, model_config.gguf_file, DTYPES[name])
+    for name, model in hf_models(model_config, args.hf_dtypes):
         res = run_hf_generate(model, requests, args.hf_batch_size, int(pad))
         print(
             f"HF transformers {name}: {res.output_tokens_per_s:.1f} output tok/s, "
             f"{res.total_tokens_per_s:.1f} total tok/s ({res.elapsed:.1f} s)"
         )
         results.append(res)
-        del model
-        gc.collect()
     return results

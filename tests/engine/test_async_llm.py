@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from scripted_model import SCRIPT, FakeModelConfig
 
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineDeadError
@@ -23,21 +23,6 @@ from pagedllm.engine.protocol import (
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer import get_tokenizer
-
-SCRIPT = " one two three four five six seven eight nine ten"
-
-
-@dataclass
-class FakeModelConfig:
-    max_model_len: int = 128
-    max_logprobs: int = 20
-    eos_token_ids: list[int] = field(default_factory=lambda: [2])
-
-    def get_vocab_size(self) -> int:
-        return 49152
-
-    def get_diff_sampling_param(self) -> dict[str, Any]:
-        return {}
 
 
 class ScriptedClient:

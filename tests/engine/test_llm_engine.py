@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from scripted_model import SCRIPT, FakeModelConfig
 
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer import get_tokenizer
-
-SCRIPT = " one two three four five six seven eight nine ten"
-
-
-@dataclass
-class FakeModelConfig:
-    max_model_len: int = 128
-    max_logprobs: int = 20
-    eos_token_ids: list[int] = field(default_factory=lambda: [2])
-
-    def get_vocab_size(self) -> int:
-        return 49152
-
-    def get_diff_sampling_param(self) -> dict[str, Any]:
-        return {}
 
 
 class ScriptedCore:
@@ -178,7 +163,7 @@ def test_tokenizer_and_prefix_cache(engine: LLMEngine, tokenizer: Any) -> None:
 
 @pytest.fixture(scope="module")
 def real_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
-    from e2e.tiny_llm import make_tiny_llm
+    from tiny_llm import make_tiny_llm
 
     from pagedllm.config.args import EngineArgs
 

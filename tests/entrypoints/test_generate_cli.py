@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e.tiny_llm import hf_greedy, make_tiny_llm
+from tiny_llm import hf_greedy, make_tiny_llm
 
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.llm_engine import LLMEngine

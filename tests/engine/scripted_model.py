@@ -1,0 +1,23 @@
+"""Shared by the front-end tests that run without a model: the scripted reply and the slice of
+ModelConfig the front-end reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Every scripted request's output, one token per step.
+SCRIPT = " one two three four five six seven eight nine ten"
+
+
+@dataclass
+class FakeModelConfig:
+    max_model_len: int = 128
+    max_logprobs: int = 20
+    eos_token_ids: list[int] = field(default_factory=lambda: [2])
+
+    def get_vocab_size(self) -> int:
+        return 49152
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        return {}
