@@ -70,7 +70,8 @@ def _attention_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
 
 class CompiledForward:
     """`(input_ids, positions) -> hidden_states` with the decoder blocks compiled per shape class (see
-    the module doc). Replaces each block's `forward` with a dispatcher; `restore()` undoes it."""
+    the module doc). Replaces each block's `forward` (and the model's `compute_logits`) with a
+    dispatcher."""
 
     def __init__(self, model: nn.Module, engine_config: Any) -> None:
         cc = engine_config.compilation_config
@@ -86,11 +87,10 @@ class CompiledForward:
             self.cache_dir = compile_cache_dir(engine_config)
             # Read by Inductor's FX-graph and AOT caches whenever they look up an entry.
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir / "inductor")
-        # Graphs Dynamo handed to the backend in this process, how many of those Inductor loaded from
-        # its on-disk cache instead of generating code, and the seconds spent compiling them.
+        # Graphs Dynamo handed to the backend in this process, and how many of those Inductor loaded
+        # from its on-disk cache instead of generating code.
         self.num_graphs = 0
         self.num_cache_hits = 0
-        self.compile_seconds = 0.0
         self._key: ShapeClass | None = None
         # One compiled function per (block class, attention constants, shape class, which arguments
         # are None): Dynamo's guards, which would tell a `residual=None` first layer or a
@@ -111,13 +111,6 @@ class CompiledForward:
         for block in self._blocks:
             signature = (type(block), _attention_constants(block))
             block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
-
-    def restore(self) -> None:
-        """Give the blocks (and the LM head) back their eager forward."""
-        for block in self._blocks:
-            del block.forward
-        if self._blocks:
-            del self.model.compute_logits
 
     def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[0] == 1:
@@ -157,7 +150,6 @@ class CompiledForward:
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         self.num_graphs += 1
-        start = time.perf_counter()
         if self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor":
             from torch._dynamo.utils import counters
             from torch._inductor.compile_fx import compile_fx
@@ -167,7 +159,6 @@ class CompiledForward:
             self.num_cache_hits += counters["inductor"]["fxgraph_cache_hit"] - hits
         else:
             compiled = torch._dynamo.lookup_backend(self.backend)(gm, list(example_inputs))
-        self.compile_seconds += time.perf_counter() - start
         return compiled
 
     def _compiled(
