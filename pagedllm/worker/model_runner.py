@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
-from pagedllm.config.compilation import CompilationMode
+from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.forward_context import set_forward_context
@@ -134,8 +134,14 @@ class ModelRunner:
     def _build_forward(self, model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The callable `(input_ids, positions) -> hidden_states` each step runs: the eager module at
         O0 (`CompilationMode.NONE`), else the forward compiled per `compilation_config`."""
-        mode = self.engine_config.compilation_config.mode
-        if mode in (None, CompilationMode.NONE):
+        cc = self.engine_config.compilation_config
+        if cc.cudagraph_mode not in (None, CUDAGraphMode.NONE):
+            logger.warning(
+                "cudagraph_mode=%s: CUDA graph capture is not implemented yet; the forward runs without "
+                "graphs (pass -cc.cudagraph_mode=NONE to silence this)",
+                cc.cudagraph_mode.name,
+            )
+        if cc.mode in (None, CompilationMode.NONE):
             return model
         return CompiledForward(model, self.engine_config)
 
@@ -217,7 +223,8 @@ class ModelRunner:
         the single-row LM head now, so that no request waits for a compiler. Attention runs without
         the cache here, as in `profile_run`: the graphs do not depend on the metadata."""
         forward = self._forward
-        if not isinstance(forward, CompiledForward):
+        if not isinstance(forward, CompiledForward) or not self.engine_config.kernel_config.enable_jit_warmup:
+            # Without the warm-up each shape class compiles when a step first needs it.
             return
         model = self._require_model()
         start, graphs = time.perf_counter(), forward.num_graphs

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from runner_driver import RunnerDriver, hf_greedy, make_config, save_tiny_model
 
-from pagedllm.config import CompilationConfig, CompilationMode, EngineConfig
+from pagedllm.config import CompilationConfig, CompilationMode, EngineConfig, KernelConfig
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.model_runner import ModelRunner
 
@@ -136,3 +136,15 @@ def test_warm_start_loads_every_graph_from_the_cache(model_dir: Path, tmp_path: 
     assert cold["graphs"] == warm["graphs"] == 5
     assert cold["hits"] == 0 and warm["hits"] == 5
     assert any((tmp_path / "compile-cache").iterdir())
+
+
+@pytest.mark.parametrize("warm_up", [True, False])
+def test_warm_up_compiles_every_shape_class_at_start(warm_up: bool, model_dir: Path, tmp_path: Path) -> None:
+    runner = make_runner(model_dir, tmp_path, kernel_config=KernelConfig(enable_jit_warmup=warm_up))
+    runner.compile_or_warm_up_model()
+    forward = runner._forward
+    assert isinstance(forward, CompiledForward)
+    # Both shape classes (first layer and the others) and the single-row LM head, before any request.
+    assert forward.num_graphs == (5 if warm_up else 0)
+    run_workload(runner)
+    assert forward.num_graphs == 5
