@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from pagedllm.config.utils import cache_root
 
 if TYPE_CHECKING:
     from pagedllm.config.model import ModelConfig
@@ -28,8 +29,7 @@ _KWARGS_FILE = "tokenizer_kwargs.json"
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pagedllm" / "tokenizers"
+    return cache_root() / "tokenizers"
 
 
 def get_tokenizer(

@@ -84,9 +84,8 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads or num_heads
         self.layer_name = prefix
         self.backend = get_attn_backend()
-        self.impl = self.backend.get_impl_cls()(
-            num_heads, head_size, scale, self.num_kv_heads, sliding_window
-        )
+        # Shared with the compiled path's custom op, which finds the impl by these same constants.
+        self.impl = _impl(num_heads, head_size, scale, self.num_kv_heads, sliding_window or 0)
         self.kv_cache = torch.empty(0)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:

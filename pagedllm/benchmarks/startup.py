@@ -26,7 +26,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--cache-root",
         default=None,
-        help="PAGEDLLM_CACHE_ROOT of the servers (compile cache); default: a fresh temporary directory.",
+        help="PAGEDLLM_CACHE_ROOT of the servers (compile and tokenizer caches); default: a fresh "
+        "temporary directory.",
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="Seconds to wait for each server.")
     parser.add_argument("--output-json", default=None)
@@ -81,9 +82,8 @@ def time_one_start(serve_args: list[str], env: dict[str, str], timeout: float) -
 def run(args: argparse.Namespace) -> int:
     serve_args = [a for a in args.serve_args if a != "--"]
     with tempfile.TemporaryDirectory(prefix="pagedllm-startup-") as tmp:
-        root = args.cache_root or tmp
-        # The compile cache and the tokenizer cache (XDG) both start empty on a cold run.
-        env = {**os.environ, "PAGEDLLM_CACHE_ROOT": root, "XDG_CACHE_HOME": root}
+        # The compile cache and the tokenizer cache both live under it: empty on a cold run.
+        env = {**os.environ, "PAGEDLLM_CACHE_ROOT": args.cache_root or tmp}
         runs = []
         for i in range(args.runs):
             result = time_one_start(serve_args, env, args.timeout)

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ConfigDict
@@ -73,6 +74,15 @@ def hash_fields(obj: Any, names: Iterable[str], extra: Iterable[Any] = ()) -> st
 def hash_all_fields_except(obj: Any, excluded: Iterable[str]) -> str:
     skip = set(excluded)
     return hash_fields(obj, [f.name for f in dataclasses.fields(obj) if f.name not in skip])
+
+
+def cache_root() -> Path:
+    """Where pagedllm keeps its on-disk caches (compiled graphs, converted tokenizers):
+    `$PAGEDLLM_CACHE_ROOT`, else `$XDG_CACHE_HOME/pagedllm`, else `~/.cache/pagedllm`."""
+    root = os.environ.get("PAGEDLLM_CACHE_ROOT")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedllm"
 
 
 def env_flag(name: str) -> bool | None:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from pagedllm.config.compilation import CompilationMode
+from pagedllm.config.utils import cache_root
 
 logger = logging.getLogger("pagedllm.compile")
 
@@ -43,13 +44,11 @@ ShapeClass = tuple[str, int]
 
 
 def compile_cache_dir(engine_config: Any) -> Path:
-    """`<cache root>/<config hash>`: the root is `compilation_config.cache_dir`, else
-    `$PAGEDLLM_CACHE_ROOT/torch_compile_cache` (default `~/.cache/pagedllm`)."""
+    """`<root>/<config hash>`: the root is `compilation_config.cache_dir`, else
+    `torch_compile_cache` under pagedllm's cache root (`pagedllm.config.utils.cache_root`)."""
     root = engine_config.compilation_config.cache_dir
-    if not root:
-        base = os.environ.get("PAGEDLLM_CACHE_ROOT") or os.path.join(Path.home(), ".cache", "pagedllm")
-        root = os.path.join(base, "torch_compile_cache")
-    return Path(root) / engine_config.compute_hash()
+    base = Path(root) if root else cache_root() / "torch_compile_cache"
+    return base / engine_config.compute_hash()
 
 
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:

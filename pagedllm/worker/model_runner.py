@@ -233,7 +233,7 @@ class ModelRunner:
             positions = torch.arange(n, dtype=torch.int64, device=self.device)
             with set_forward_context(None):
                 hidden = forward(ids, positions)
-            model.compute_logits(hidden[-1:])
+        model.compute_logits(hidden[-1:])
         logger.info(
             "compiled %d graphs in %.1f s (%d from the compile cache at %s)",
             forward.num_graphs - graphs,
