@@ -97,3 +97,9 @@ class AttentionBackend(ABC):
     ) -> tuple[int, ...]:
         """Shape of one layer's cache tensor (the layout in this module's docstring)."""
         return (2, num_blocks, num_kv_heads, block_size, head_size)
+
+    @staticmethod
+    def warm_up(device: torch.device) -> None:
+        """Build or load whatever the backend compiles on first use, at engine start-up (nothing, by
+        default)."""
+        return None

@@ -9,15 +9,25 @@ from paged_batch import PagedBatch
 from torch import nn
 
 from pagedllm.attention import Attention, AttentionMetadata, bind_kv_cache
-from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, _build_plan
+from pagedllm.attention.backends import cpu_decode
+from pagedllm.attention.backends.torch_paged import (
+    TorchPagedAttentionImpl,
+    _build_plan,
+    _NativeDecodePlan,
+)
 from pagedllm.forward_context import set_forward_context
 
 
-@pytest.fixture(autouse=True, params=[False, True], ids=["blockwise-decode", "compiled-decode"])
-def compiled_decode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Every test runs with decode steps on the block-wise path and on the compiled dense kernel
-    (which the runner enables at O1 and up for steps of up to 8 decoding requests)."""
-    monkeypatch.setattr(PagedBatch, "compiled_decode", request.param)
+@pytest.fixture(autouse=True, params=["native", "blockwise", "compiled"], ids=lambda p: f"{p}-decode")
+def decode_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with decode steps on each path: the native CPU kernel (the default on CPU
+    for float32/bfloat16), and the tensor-op paths used where it cannot run: block-wise, and the
+    compiled dense kernel the runner enables at O1 and up for steps of up to 8 decoding requests."""
+    if request.param == "native":
+        assert cpu_decode.kernel() is not None, "the native decode kernel did not build"
+    else:
+        monkeypatch.setattr(cpu_decode, "supports", lambda *args: False)
+    monkeypatch.setattr(PagedBatch, "compiled_decode", request.param == "compiled")
     return request.param
 
 
@@ -104,17 +114,18 @@ def test_many_decodes_one_step() -> None:
 
 
 @pytest.mark.parametrize("window", [None, 40])
-def test_decode_work_is_linear_in_keys_attended(window: int | None, compiled_decode: bool) -> None:
-    """The decode path's batch has one entry per (request, cache block it reads): the total is the
-    sum of each request's own block count (fewer with a window), not num_requests x the longest
-    request's blocks, so short requests beside a long one cost only their own keys."""
-    if compiled_decode:
-        pytest.skip("the compiled kernel serves at most 8 requests, padded to the longest table")
+def test_decode_work_is_linear_in_keys_attended(window: int | None, decode_path: str) -> None:
+    """The block-wise decode path's batch has one entry per (request, cache block it reads): the
+    total is the sum of each request's own block count (fewer with a window), not num_requests x the
+    longest request's blocks, so short requests beside a long one cost only their own keys. (The
+    native kernel walks each request's own blocks by construction.)"""
+    if decode_path != "blockwise":
+        pytest.skip("the block-wise path's plan")
     lengths = [1, 16, 17, 500, 3]
     batch = PagedBatch(1, 2, 8, num_blocks=64, block_size=16)
     batch.metadata([(str(i), n - 1) for i, n in enumerate(lengths) if n > 1])
     _, md = batch.metadata([(str(i), 1) for i in range(len(lengths))])
-    plan = _build_plan(md, 16, window, torch.device("cpu"))
+    plan = _build_plan(md, 16, window, torch.device("cpu"), native=False)
     assert plan.decode is not None and not plan.prefills
 
     def blocks_read(n: int) -> int:
@@ -184,3 +195,56 @@ def test_unbound_cache_is_a_clear_error() -> None:
     )
     with set_forward_context(md), pytest.raises(RuntimeError, match="not bound"):
         layer(torch.randn(1, 16), torch.randn(1, 8), torch.randn(1, 8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_native_kernel_serves_cpu_decodes_of_its_dtypes(dtype: torch.dtype, decode_path: str) -> None:
+    if decode_path != "native":
+        pytest.skip("the choice of the native path")
+    impl = TorchPagedAttentionImpl(4, 16, 0.25, 2)
+    batch = PagedBatch(1, 2, 16, num_blocks=8, block_size=16, dtype=dtype)
+    batch.metadata([("x", 5)])
+    _, md = batch.metadata([("x", 1)])
+    q, kv = torch.randn(1, 4, 16).to(dtype), torch.randn(1, 2, 16).to(dtype)
+    impl.forward(q, kv, kv, batch.kv_caches[0], md)
+    (plan,) = md.backend_cache.values()
+    # float16 has no native kernel on CPU: the tensor-op path serves it.
+    assert isinstance(plan.decode, _NativeDecodePlan) == (dtype != torch.float16)
+
+
+@pytest.mark.parametrize("window", [None, 100])
+@pytest.mark.parametrize(
+    ("lengths", "kv_heads"),
+    [([700, 3, 257, 16, 17, 130], 3), ([700], 3), ([1100, 9], 1)],
+    ids=["batch", "one-long", "mqa-few"],
+)
+def test_long_decodes_at_model_shapes(window: int | None, lengths: list[int], kv_heads: int) -> None:
+    """SmolLM2's attention shape (9 heads over 3 kv heads of 64), long and short requests decoding
+    together, in bfloat16: many blocks per request, the online softmax across them. With fewer
+    (request, kv head) pairs than twice the threads, the native kernel splits each request's keys
+    across threads and merges the parts ("one-long", "mqa-few")."""
+    heads, head_size = 9, 64
+    impl = TorchPagedAttentionImpl(heads, head_size, head_size**-0.5, kv_heads, window)
+    batch = PagedBatch(1, kv_heads, head_size, num_blocks=128, block_size=16, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    keys, values = {}, {}
+    for step in (
+        [(str(i), n - 1) for i, n in enumerate(lengths)],
+        [(str(i), 1) for i in range(len(lengths))],
+    ):
+        _, md = batch.metadata(step)
+        n = md.num_actual_tokens
+        q = torch.randn(n, heads, head_size, generator=gen).bfloat16()
+        k = torch.randn(n, kv_heads, head_size, generator=gen).bfloat16()
+        v = torch.randn(n, kv_heads, head_size, generator=gen).bfloat16()
+        out = impl.forward(q, k, v, batch.kv_caches[0], md)
+        assert md.query_start_loc_cpu is not None
+        for i, (req, _) in enumerate(step):
+            a, b = md.query_start_loc_cpu[i], md.query_start_loc_cpu[i + 1]
+            keys[req] = torch.cat([keys.get(req, k[:0]), k[a:b]])
+            values[req] = torch.cat([values.get(req, v[:0]), v[a:b]])
+        for i, (req, _) in enumerate(step if step[0][1] == 1 else []):
+            ref = _dense_reference(
+                q[i : i + 1], keys[req], values[req], lengths[i] - 1, head_size**-0.5, window
+            )
+            torch.testing.assert_close(out[i : i + 1].double(), ref, atol=2e-2, rtol=0)

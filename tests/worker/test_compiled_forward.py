@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from runner_driver import RunnerDriver, hf_greedy, make_config, save_tiny_model
 
+from pagedllm.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedllm.config import CompilationConfig, CompilationMode, EngineConfig, KernelConfig
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.model_runner import ModelRunner
@@ -139,9 +140,15 @@ def test_warm_start_loads_every_graph_from_the_cache(model_dir: Path, tmp_path: 
 
 
 @pytest.mark.parametrize("warm_up", [True, False])
-def test_warm_up_compiles_every_shape_class_at_start(warm_up: bool, model_dir: Path, tmp_path: Path) -> None:
+def test_warm_up_compiles_every_shape_class_at_start(
+    warm_up: bool, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[str] = []
+    monkeypatch.setattr(TorchPagedAttentionBackend, "warm_up", lambda device: built.append(device.type))
     runner = make_runner(model_dir, tmp_path, kernel_config=KernelConfig(enable_jit_warmup=warm_up))
     runner.compile_or_warm_up_model()
+    # The attention backend's native kernel is built at start too.
+    assert built == (["cpu"] if warm_up else [])
     forward = runner._forward
     assert isinstance(forward, CompiledForward)
     # Both shape classes (first layer and the others) and the single-row LM head, before any request.

@@ -2,13 +2,15 @@
 
 One forward serves a flattened batch that mixes decodes, whole prompts and prompt chunks whose
 earlier tokens are already cached. No request is padded to the longest one; the work is linear in
-the keys each query attends to. Two paths, chosen per request from host-side lengths:
+the keys each query attends to. The paths, chosen per request from host-side lengths:
 
-* Decode rows (query length 1), all requests at once: "block-wise flash decoding". Every (request,
-  cache block) pair becomes one batch entry: the blocks are gathered from the paged cache with one
-  `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x [B, kv_heads, head,
-  block_size]`, and the softmax is done across each request's blocks with segment reductions
-  (`scatter_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
+* Decode rows (query length 1) on CPU, in float32 or bfloat16: the native kernel of `cpu_decode`,
+  which reads each request's blocks where they lie (no gathered copy), one call for all requests.
+* Decode rows elsewhere (CUDA, float16, no C compiler), all requests at once: "block-wise flash
+  decoding". Every (request, cache block) pair becomes one batch entry: the blocks are gathered from
+  the paged cache with one `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x
+  [B, kv_heads, head, block_size]`, and the softmax is done across each request's blocks with segment
+  reductions (`scatter_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
   last block (< block_size keys), so the cost is linear in the tokens attended to, with a fixed
   number of kernel launches per layer and no Python work per request or per token.
 * Prefill segments (query length > 1): one `scaled_dot_product_attention` per request, which runs
@@ -36,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+from pagedllm.attention.backends import cpu_decode
 
 
 @dataclass
@@ -68,6 +71,17 @@ class _DenseDecodePlan:
 
 
 @dataclass
+class _NativeDecodePlan:
+    """Decode requests for the native CPU kernel: the step's block tables, and the query row,
+    block-table row and length (int64) of each decode request."""
+
+    block_tables: torch.Tensor
+    q_rows: torch.Tensor
+    table_rows: torch.Tensor
+    seq_lens: torch.Tensor
+
+
+@dataclass
 class _PrefillSegment:
     req: int
     start: int
@@ -78,14 +92,16 @@ class _PrefillSegment:
 
 @dataclass
 class _Plan:
-    decode: _DecodePlan | _DenseDecodePlan | None
+    decode: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan | None
     prefills: list[_PrefillSegment]
     # Cache block and offset of each new token (from slot_mapping).
     slot_block: torch.Tensor
     slot_offset: torch.Tensor
 
 
-def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, device: torch.device) -> _Plan:
+def _build_plan(
+    md: AttentionMetadata, block_size: int, window: int | None, device: torch.device, native: bool
+) -> _Plan:
     qsl = np.asarray(
         md.query_start_loc_cpu if md.query_start_loc_cpu is not None else md.query_start_loc.tolist(),
         dtype=np.int64,
@@ -103,6 +119,11 @@ def _build_plan(md: AttentionMetadata, block_size: int, window: int | None, devi
     if dec.size == 0:
         return _Plan(None, prefills, slot_block, slot_offset)
     dseq = seq[dec]
+    if native:
+        native_plan = _NativeDecodePlan(
+            md.block_tables, torch.from_numpy(qsl[dec]), torch.from_numpy(dec), torch.from_numpy(dseq)
+        )
+        return _Plan(native_plan, prefills, slot_block, slot_offset)
     contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
     rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
     if md.compiled_decode and dec.size <= DENSE_DECODE_MAX_REQS:
@@ -226,16 +247,20 @@ class TorchPagedAttentionImpl(AttentionImpl):
         if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
             raise RuntimeError("attention KV cache is not bound (call pagedllm.attention.bind_kv_cache)")
         block_size = kv_cache.shape[3]
-        plan_key = ("torch_paged", block_size, self.sliding_window)
+        native = cpu_decode.supports(query, key, value, kv_cache, self.num_heads, self.num_kv_heads)
+        plan_key = ("torch_paged", block_size, self.sliding_window, native)
         plan = md.backend_cache.get(plan_key)
         if plan is None:
-            plan = _build_plan(md, block_size, self.sliding_window, query.device)
+            plan = _build_plan(md, block_size, self.sliding_window, query.device, native)
             md.backend_cache[plan_key] = plan
 
         # Write first, so the decode path and cached-prefix chunks read this step's keys too.
-        # `[num_blocks, block_size, kv_heads, head]` views of the head-major blocks.
-        kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
-        kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
+        if native:
+            cpu_decode.write_kv(key[:n], value[:n], kv_cache, md.slot_mapping[:n])
+        else:
+            # `[num_blocks, block_size, kv_heads, head]` views of the head-major blocks.
+            kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
+            kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
 
         out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
         for seg in plan.prefills:
@@ -283,9 +308,15 @@ class TorchPagedAttentionImpl(AttentionImpl):
         self,
         query: torch.Tensor,
         kv_cache: torch.Tensor,
-        p: _DecodePlan | _DenseDecodePlan,
+        p: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan,
         out: torch.Tensor,
     ) -> None:
+        if isinstance(p, _NativeDecodePlan):
+            window = self.sliding_window or 0
+            cpu_decode.paged_decode(
+                query, kv_cache, p.block_tables, p.q_rows, p.table_rows, p.seq_lens, self.scale, window, out
+            )
+            return
         group = self.num_heads // self.num_kv_heads
         q = query[: p.num_reqs] if p.rows is None else query.index_select(0, p.rows)
         if isinstance(p, _DenseDecodePlan):
@@ -337,3 +368,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchPagedAttentionImpl
+
+    @staticmethod
+    def warm_up(device: torch.device) -> None:
+        if device.type == "cpu":
+            cpu_decode.kernel()  # the first build runs the C compiler (~1 s); later starts load it

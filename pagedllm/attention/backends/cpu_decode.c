@@ -1,0 +1,329 @@
+/* Paged decode attention for CPUs: one query token per request attends to its keys straight from the
+ * paged cache, with no gathered copy of the keys or values.
+ *
+ * Built at run time by cpu_decode.py with the system C compiler (the one torch.compile's Inductor
+ * uses on CPU) and loaded with ctypes. It links the OpenMP runtime torch has already loaded, so it
+ * shares torch's threads instead of adding a second pool on the same cores.
+ *
+ * Layouts (element strides, contiguous unless a stride is passed):
+ *   q        [rows, num_heads, head_size], row stride q_stride (a view of the fused QKV output)
+ *   k, v     [num_blocks, num_kv_heads, block_size, head_size]
+ *   tables   int32 [*, table_stride]: cache block ids of each request
+ *   out      [rows, num_heads, head_size], row stride out_stride
+ * Decode request i reads query row q_rows[i], block-table row table_rows[i], seq_lens[i] keys, and
+ * writes output row q_rows[i].
+ *
+ * Work item = (request, kv head): each key and value row is read and converted once and serves every
+ * query head of the group. Softmax is online per cache block (flash decoding): the block's scores,
+ * then one rescale of the accumulators per block rather than per key. The body is written once for
+ * float and bfloat16 elements; the common head sizes get their own constant-size copies, which the
+ * compiler keeps in vector registers.
+ */
+#include <float.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MAX_GROUP 16
+#define MAX_HEAD 256
+#define MAX_BLOCK 256
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float bf16_to_float(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+INLINE uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* 16 floats: one AVX-512 register; the compiler splits it on narrower vector units. */
+typedef float vec __attribute__((vector_size(64)));
+typedef uint16_t bf16_vec __attribute__((vector_size(32)));
+typedef uint32_t word_vec __attribute__((vector_size(64)));
+#define LANES 16
+#define MAX_CHUNKS (MAX_HEAD / LANES)
+
+/* 16 elements at `p`, float (bf16 == 0) or bfloat16, as floats. */
+INLINE vec load_vec(const char *p, int bf16) {
+    vec f;
+    if (bf16) {
+        bf16_vec h;
+        memcpy(&h, p, sizeof h);
+        const word_vec w = __builtin_convertvector(h, word_vec) << 16;
+        memcpy(&f, &w, sizeof f);
+    } else {
+        memcpy(&f, p, sizeof f);
+    }
+    return f;
+}
+
+INLINE float hsum(vec x) {
+    float s = 0.0f;
+    for (int i = 0; i < LANES; i++) s += x[i]; /* a tree of shuffles under -fassociative-math */
+    return s;
+}
+
+/* e^x for x <= 0 (scores minus their running max), vectorizable unlike libm's expf: 2^n * p(f) with
+ * x = n ln2 + f, |f| <= ln2/2, p a degree-6 Taylor polynomial (relative error < 2e-7). Inputs below
+ * -87 (including the first block's -FLT_MAX running max) give ~0. */
+INLINE float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    /* Round x log2(e) to an integer: truncating y - 0.5 (y <= 0) rounds to nearest, bar ties. */
+    const int32_t n = (int32_t)(x * 1.44269504f - 0.5f);
+    const float f = x - (float)n * 0.693145752f - (float)n * 1.42860677e-6f;
+    float p = 1.0f / 720.0f;
+    p = p * f + 1.0f / 120.0f;
+    p = p * f + 1.0f / 24.0f;
+    p = p * f + 1.0f / 6.0f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    const int32_t bits = (n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+typedef struct {
+    const char *q, *k, *v;
+    char *out;
+    const int32_t *tables;
+    const int64_t *q_rows, *table_rows, *seq_lens;
+    int64_t q_stride, out_stride, table_stride, num_kv_heads, group, block_size, window;
+    float scale;
+} DecodeArgs;
+
+INLINE void store_row(char *out, int64_t d, float x, int bf16) {
+    if (bf16)
+        ((uint16_t *)out)[d] = float_to_bf16(x);
+    else
+        ((float *)out)[d] = x;
+}
+
+/* Keys [start, len) of request r (a sliding window starts past 0). */
+INLINE int64_t first_key(const DecodeArgs *a, int64_t r) {
+    const int64_t len = a->seq_lens[r];
+    return (a->window > 0 && len > a->window) ? len - a->window : 0;
+}
+
+/* Attention of request r's query heads of kv head h over cache blocks [b_begin, b_end) of its table.
+ * With `partial` NULL the result is final and goes to `out`; otherwise the unnormalized state
+ * (running max, sum, weighted values: group x (2 + D) floats) goes there for merge_splits. `nc` is
+ * the head size in 16-float chunks, a compile-time constant in the specialized copies; `bf16`
+ * selects the element type. */
+INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_begin, int64_t b_end,
+                        float *partial, const int64_t nc, const int bf16) {
+    const int64_t elem = bf16 ? 2 : 4, D = nc * LANES;
+    const int64_t group = a->group, bs = a->block_size, len = a->seq_lens[r], start = first_key(a, r);
+    const int32_t *table = a->tables + a->table_rows[r] * a->table_stride;
+    vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
+    float s[MAX_GROUP][MAX_BLOCK], run_max[MAX_GROUP], run_sum[MAX_GROUP], correction[MAX_GROUP];
+    const char *qr = a->q + (a->q_rows[r] * a->q_stride + h * group * D) * elem;
+    for (int64_t g = 0; g < group; g++) {
+        for (int64_t c = 0; c < nc; c++) {
+            qv[g][c] = load_vec(qr + (g * D + c * LANES) * elem, bf16) * a->scale;
+            acc[g][c] = (vec){0};
+        }
+        run_max[g] = -FLT_MAX;
+        run_sum[g] = 0.0f;
+    }
+    for (int64_t b = b_begin; b < b_end; b++) {
+        const int64_t base = ((int64_t)table[b] * a->num_kv_heads + h) * bs * D * elem;
+        const char *kb = a->k + base, *vb = a->v + base;
+        const int64_t t0 = start > b * bs ? start - b * bs : 0;
+        const int64_t t1 = len - b * bs < bs ? len - b * bs : bs;
+        if (b + 1 < b_end) {
+            /* Blocks lie at random places: without a hint every block starts with a row of cache
+             * misses before the hardware prefetcher catches on. Fetch the next one meanwhile. */
+            const int64_t next = ((int64_t)table[b + 1] * a->num_kv_heads + h) * bs * D * elem;
+            for (int64_t off = 0; off < bs * D * elem; off += 64) {
+                __builtin_prefetch(a->k + next + off);
+                __builtin_prefetch(a->v + next + off);
+            }
+        }
+        for (int64_t t = t0; t < t1; t++) {
+            vec key[MAX_CHUNKS];
+            for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + (t * D + c * LANES) * elem, bf16);
+            for (int64_t g = 0; g < group; g++) {
+                vec dot = qv[g][0] * key[0];
+                for (int64_t c = 1; c < nc; c++) dot += qv[g][c] * key[c];
+                s[g][t] = hsum(dot);
+            }
+        }
+        for (int64_t g = 0; g < group; g++) {
+            float m = run_max[g];
+#pragma omp simd reduction(max : m)
+            for (int64_t t = t0; t < t1; t++) m = s[g][t] > m ? s[g][t] : m;
+            correction[g] = exp_nonpositive(run_max[g] - m);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t t = t0; t < t1; t++) {
+                s[g][t] = exp_nonpositive(s[g][t] - m);
+                sum += s[g][t];
+            }
+            run_max[g] = m;
+            run_sum[g] = run_sum[g] * correction[g] + sum;
+        }
+        for (int64_t g = 0; g < group; g++) {
+            vec o[MAX_CHUNKS];
+            for (int64_t c = 0; c < nc; c++) o[c] = acc[g][c] * correction[g];
+            for (int64_t t = t0; t < t1; t++) {
+                const float p = s[g][t];
+                for (int64_t c = 0; c < nc; c++) o[c] += p * load_vec(vb + (t * D + c * LANES) * elem, bf16);
+            }
+            for (int64_t c = 0; c < nc; c++) acc[g][c] = o[c];
+        }
+    }
+    if (partial) {
+        for (int64_t g = 0; g < group; g++) {
+            float *state = partial + g * (2 + D);
+            state[0] = run_max[g];
+            state[1] = run_sum[g];
+            for (int64_t c = 0; c < nc; c++) memcpy(state + 2 + c * LANES, &acc[g][c], sizeof(vec));
+        }
+        return;
+    }
+    char *out = a->out + (a->q_rows[r] * a->out_stride + h * group * D) * elem;
+    for (int64_t g = 0; g < group; g++) {
+        const float inv = run_sum[g] > 0.0f ? 1.0f / run_sum[g] : 0.0f;
+        for (int64_t c = 0; c < nc; c++) {
+            const vec x = acc[g][c] * inv;
+            for (int64_t i = 0; i < LANES; i++) store_row(out, g * D + c * LANES + i, x[i], bf16);
+        }
+    }
+}
+
+/* Combines the `splits` partial states of each (request, kv head) into the final output. */
+static void merge_splits(const DecodeArgs *a, int64_t tasks, int64_t splits, const float *scratch,
+                         int64_t head_size, int bf16) {
+    const int64_t elem = bf16 ? 2 : 4, state = 2 + head_size;
+#pragma omp parallel for
+    for (int64_t task = 0; task < tasks; task++) {
+        const int64_t r = task / a->num_kv_heads, h = task % a->num_kv_heads;
+        char *out = a->out + (a->q_rows[r] * a->out_stride + h * a->group * head_size) * elem;
+        for (int64_t g = 0; g < a->group; g++) {
+            const float *first = scratch + (task * splits * a->group + g) * state;
+            const int64_t stride = a->group * state; /* from one split's state to the next */
+            float m = -FLT_MAX, sum = 0.0f, o[MAX_HEAD] = {0};
+            for (int64_t i = 0; i < splits; i++) m = first[i * stride] > m ? first[i * stride] : m;
+            for (int64_t i = 0; i < splits; i++) {
+                const float *st = first + i * stride, w = exp_nonpositive(st[0] - m);
+                sum += st[1] * w;
+                for (int64_t d = 0; d < head_size; d++) o[d] += st[2 + d] * w;
+            }
+            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            for (int64_t d = 0; d < head_size; d++) store_row(out, g * head_size + d, o[d] * inv, bf16);
+        }
+    }
+}
+
+/* Splits per (request, kv head) so that every thread has work: a single long request would otherwise
+ * leave a thread idle and read its keys at one core's share of the memory bandwidth. A split keeps
+ * at least MIN_SPLIT_BLOCKS blocks, below which merging costs more than it saves. */
+#define MIN_SPLIT_BLOCKS 8
+static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
+#ifdef _OPENMP
+    const int64_t threads = omp_get_max_threads();
+#else
+    const int64_t threads = 1;
+#endif
+    const int64_t tasks = num_reqs * a->num_kv_heads;
+    if (tasks >= 2 * threads) return 1;
+    int64_t max_blocks = 0;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        const int64_t blocks = (a->seq_lens[r] - first_key(a, r) + a->block_size - 1) / a->block_size;
+        max_blocks = blocks > max_blocks ? blocks : max_blocks;
+    }
+    int64_t splits = (2 * threads + tasks - 1) / tasks;
+    if (splits > max_blocks / MIN_SPLIT_BLOCKS) splits = max_blocks / MIN_SPLIT_BLOCKS;
+    return splits > 1 ? splits : 1;
+}
+
+static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size, int bf16) {
+    if (a->group > MAX_GROUP || head_size > MAX_HEAD || head_size % LANES || a->block_size > MAX_BLOCK)
+        return -1;
+    const int64_t nc = head_size / LANES, tasks = num_reqs * a->num_kv_heads;
+    const int64_t splits = num_splits(a, num_reqs);
+    float *scratch = NULL;
+    if (splits > 1) {
+        scratch = malloc((size_t)(tasks * splits * a->group * (2 + head_size)) * sizeof(float));
+        if (!scratch) return -2;
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t item = 0; item < tasks * splits; item++) {
+        const int64_t task = item / splits, split = item % splits;
+        const int64_t r = task / a->num_kv_heads, h = task % a->num_kv_heads;
+        const int64_t first = first_key(a, r) / a->block_size;
+        const int64_t blocks = (a->seq_lens[r] + a->block_size - 1) / a->block_size - first;
+        const int64_t b_begin = first + blocks * split / splits, b_end = first + blocks * (split + 1) / splits;
+        float *partial = scratch ? scratch + item * a->group * (2 + head_size) : NULL;
+        if (nc == 4)
+            decode_task(a, r, h, b_begin, b_end, partial, 4, bf16);
+        else if (nc == 8)
+            decode_task(a, r, h, b_begin, b_end, partial, 8, bf16);
+        else
+            decode_task(a, r, h, b_begin, b_end, partial, nc, bf16);
+    }
+    if (scratch) {
+        merge_splits(a, tasks, splits, scratch, head_size, bf16);
+        free(scratch);
+    }
+    return 0;
+}
+
+/* Writes token i's keys and values (rows of `key`/`value`, [n, num_kv_heads, head_size] with row
+ * strides) into cache slot slots[i]: block slots[i] / block_size, offset slots[i] % block_size. */
+static void write_kv(const char *key, int64_t key_stride, const char *value, int64_t value_stride,
+                     char *k_cache, char *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads,
+                     int64_t block_size, int64_t head_size, int64_t elem) {
+    const size_t row = (size_t)(head_size * elem);
+#pragma omp parallel for if (n * num_kv_heads * head_size > 1 << 16)
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t block = slots[i] / block_size, offset = slots[i] % block_size;
+        for (int64_t h = 0; h < num_kv_heads; h++) {
+            const int64_t dst = ((block * num_kv_heads + h) * block_size + offset) * head_size * elem;
+            memcpy(k_cache + dst, key + (i * key_stride + h * head_size) * elem, row);
+            memcpy(v_cache + dst, value + (i * value_stride + h * head_size) * elem, row);
+        }
+    }
+}
+
+void write_kv_f32(const void *key, int64_t key_stride, const void *value, int64_t value_stride, void *k_cache,
+                  void *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads, int64_t block_size,
+                  int64_t head_size) {
+    write_kv(key, key_stride, value, value_stride, k_cache, v_cache, slots, n, num_kv_heads, block_size,
+             head_size, 4);
+}
+
+void write_kv_bf16(const void *key, int64_t key_stride, const void *value, int64_t value_stride, void *k_cache,
+                   void *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads, int64_t block_size,
+                   int64_t head_size) {
+    write_kv(key, key_stride, value, value_stride, k_cache, v_cache, slots, n, num_kv_heads, block_size,
+             head_size, 2);
+}
+
+#define EXPORT(NAME, BF16)                                                                            \
+    int NAME(const void *q, int64_t q_stride, const void *k, const void *v, const int32_t *tables,     \
+             int64_t table_stride, const int64_t *q_rows, const int64_t *table_rows,                  \
+             const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads,      \
+             int64_t head_size, int64_t block_size, float scale, int64_t window, void *out,           \
+             int64_t out_stride) {                                                                    \
+        const DecodeArgs a = {q, k, v, out, tables, q_rows, table_rows, seq_lens, q_stride,           \
+                              out_stride, table_stride, num_kv_heads, num_heads / num_kv_heads,       \
+                              block_size, window, scale};                                             \
+        return paged_decode(&a, num_reqs, head_size, BF16);                                           \
+    }
+
+EXPORT(paged_decode_f32, 0)
+EXPORT(paged_decode_bf16, 1)
