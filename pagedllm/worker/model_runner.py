@@ -15,6 +15,8 @@ The only host syncs per step are the ones that read the sampled ids (and logprob
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +37,6 @@ from pagedllm.platforms import current_platform
 from pagedllm.sample.logprobs import compute_prompt_logprobs
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
 from pagedllm.worker.compiled_forward import CompiledForward
-from pagedllm.worker.cpu_memory import anonymous_zeros, pack_parameters
 from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.kv_cache import KVCacheSpec, cpu_kv_cache_budget, profile_cuda_kv_cache_budget
 
@@ -125,8 +126,6 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
-        if self.device.type == "cpu":
-            pack_parameters(self.model)
         self._forward = self._build_forward(self.model)
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
@@ -207,14 +206,14 @@ class ModelRunner:
         model = self._require_model()
         spec = self.get_kv_cache_spec()
         backend = get_attn_backend()
-        shapes = [
-            backend.get_kv_cache_shape(num_blocks, self.block_size, kv_heads, head_size)
+        self.kv_caches = [
+            _zeros(
+                backend.get_kv_cache_shape(num_blocks, self.block_size, kv_heads, head_size),
+                self.kv_cache_dtype,
+                self.device,
+            )
             for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
         ]
-        if self.device.type == "cpu":
-            self.kv_caches = [anonymous_zeros(shape, self.kv_cache_dtype) for shape in shapes]
-        else:
-            self.kv_caches = [torch.zeros(s, dtype=self.kv_cache_dtype, device=self.device) for s in shapes]
         bind_kv_cache(model, self.kv_caches)
         self.num_blocks = num_blocks
 
@@ -437,6 +436,20 @@ class ModelRunner:
             )
             self.prompt_logprobs_next[req_id] = end
         return out
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On CPU it lives in anonymous mmap'd memory, which the OS hands out zeroed page by
+    page on first touch: the cache costs RAM only for the blocks actually used, instead of `torch.zeros`
+    writing (and so committing) the whole budget at start-up."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # torch.frombuffer keeps a reference to the mmap, so it lives as long as the tensor.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
 
 
 def _resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
