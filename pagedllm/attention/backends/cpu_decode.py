@@ -107,7 +107,11 @@ def _build(compiler: str) -> Path | None:
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or None where it cannot be built (logged once)."""
     compiler = _compiler()
-    path = _build(compiler) if compiler else None
+    try:
+        path = _build(compiler) if compiler else None
+    except OSError as e:  # e.g. a read-only cache directory (set PAGEDLLM_CACHE_ROOT)
+        logger.warning("cannot build the CPU decode-attention kernel: %s", e)
+        path = None
     if path is None:
         logger.warning(
             "no C compiler could build the CPU decode-attention kernel (set CC); decode attention "
