@@ -4,8 +4,8 @@ Decode attention in tensor ops must first gather every request's key and value b
 (a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); this
 kernel reads the blocks where they lie, once, with the query heads of a group sharing each read. The
 shared object is compiled with the system C compiler (the one torch.compile needs on CPU anyway) into
-the pagedllm cache directory, keyed by the source, the flags and the compiler, so it is built once per
-machine. Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
+the pagedllm cache directory, keyed by the source, the flags, the compiler and the CPU, so it is
+built once per machine. Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -82,10 +83,22 @@ def _compiler() -> str | None:
     return None
 
 
+def _cpu_signature() -> str:
+    """What `-march=native` compiles for: a cache directory shared by machines with different CPUs
+    (a network home) must not hand one of them another's instructions."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        flags = ""
+    return f"{platform.machine()} {platform.processor()} {flags}"
+
+
 def _build(compiler: str) -> Path | None:
     source = _SOURCE.read_bytes()
     for flags in _FLAG_SETS:
-        key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
+        recipe = " ".join([compiler, *flags, _cpu_signature()])
+        key = hashlib.sha256(source + recipe.encode()).hexdigest()[:16]
         target = cache_root() / "native" / f"cpu_decode-{key}.so"
         if target.exists():
             return target
