@@ -40,13 +40,20 @@ class CpuPlatform(Platform):
 
     @staticmethod
     @functools.cache
-    def has_native_bf16() -> bool:
-        """Whether the CPU executes bf16 dot products natively (Linux: the cpuinfo flags)."""
+    def cpu_flags() -> tuple[str, ...]:
+        """The CPU's feature flags from /proc/cpuinfo (`flags` on x86, `Features` on Arm); empty
+        where there is no such file."""
         try:
             with open("/proc/cpuinfo") as f:
-                flags = next((line for line in f if line.startswith("flags")), "").split()
+                line = next((line for line in f if line.startswith(("flags", "Features"))), "")
         except OSError:
-            return False
+            return ()
+        return tuple(line.partition(":")[2].split())
+
+    @classmethod
+    def has_native_bf16(cls) -> bool:
+        """Whether the CPU executes bf16 dot products natively (Linux: the cpuinfo flags)."""
+        flags = cls.cpu_flags()
         return "avx512_bf16" in flags or "amx_bf16" in flags
 
     @staticmethod

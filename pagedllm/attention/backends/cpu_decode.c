@@ -117,6 +117,12 @@ INLINE int64_t first_key(const DecodeArgs *a, int64_t r) {
     return (a->window > 0 && len > a->window) ? len - a->window : 0;
 }
 
+/* Cache blocks [*first, *end) of request r's table that hold its keys [first_key, len). */
+INLINE void key_blocks(const DecodeArgs *a, int64_t r, int64_t *first, int64_t *end) {
+    *first = first_key(a, r) / a->block_size;
+    *end = (a->seq_lens[r] + a->block_size - 1) / a->block_size;
+}
+
 /* Attention of request r's query heads of kv head h over cache blocks [b_begin, b_end) of its table.
  * With `partial` NULL the result is final and goes to `out`; otherwise the unnormalized state
  * (running max, sum, weighted values: group x (2 + D) floats) goes there for merge_splits. `nc` is
@@ -242,8 +248,9 @@ static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
     if (tasks >= 2 * threads) return 1;
     int64_t max_blocks = 0;
     for (int64_t r = 0; r < num_reqs; r++) {
-        const int64_t blocks = (a->seq_lens[r] - first_key(a, r) + a->block_size - 1) / a->block_size;
-        max_blocks = blocks > max_blocks ? blocks : max_blocks;
+        int64_t first, end;
+        key_blocks(a, r, &first, &end);
+        max_blocks = end - first > max_blocks ? end - first : max_blocks;
     }
     int64_t splits = (2 * threads + tasks - 1) / tasks;
     if (splits > max_blocks / MIN_SPLIT_BLOCKS) splits = max_blocks / MIN_SPLIT_BLOCKS;
@@ -264,9 +271,10 @@ static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size
     for (int64_t item = 0; item < tasks * splits; item++) {
         const int64_t task = item / splits, split = item % splits;
         const int64_t r = task / a->num_kv_heads, h = task % a->num_kv_heads;
-        const int64_t first = first_key(a, r) / a->block_size;
-        const int64_t blocks = (a->seq_lens[r] + a->block_size - 1) / a->block_size - first;
-        const int64_t b_begin = first + blocks * split / splits, b_end = first + blocks * (split + 1) / splits;
+        int64_t first, end;
+        key_blocks(a, r, &first, &end);
+        const int64_t b_begin = first + (end - first) * split / splits;
+        const int64_t b_end = first + (end - first) * (split + 1) / splits;
         float *partial = scratch ? scratch + item * a->group * (2 + head_size) : NULL;
         if (nc == 4)
             decode_task(a, r, h, b_begin, b_end, partial, 4, bf16);

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from pagedllm.config.utils import cache_root
+from pagedllm.platforms.cpu import CpuPlatform
 
 logger = logging.getLogger("pagedllm.attention")
 
@@ -86,12 +87,7 @@ def _compiler() -> str | None:
 def _cpu_signature() -> str:
     """What `-march=native` compiles for: a cache directory shared by machines with different CPUs
     (a network home) must not hand one of them another's instructions."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        flags = ""
-    return f"{platform.machine()} {platform.processor()} {flags}"
+    return " ".join([platform.machine(), platform.processor(), *CpuPlatform.cpu_flags()])
 
 
 def _build(compiler: str) -> Path | None:
