@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pagedllm.engine.core_client import AsyncMPClient, EngineDeadError
+from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, EngineDeadError
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor, ParentRequest, RequestOutputCollector
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
@@ -93,13 +93,27 @@ class AsyncLLM:
             )
 
     @classmethod
-    async def create(cls, engine_config: EngineConfig, model_name: str, log_stats: bool = True) -> AsyncLLM:
-        """Start the engine core process and the front-end around it."""
+    async def create(
+        cls,
+        engine_config: EngineConfig,
+        model_name: str,
+        log_stats: bool = True,
+        core_process: EngineCoreProcess | None = None,
+    ) -> AsyncLLM:
+        """Start the engine core (in `core_process` if one was started early) and the front-end around it."""
         from pagedllm.tokenizer import get_tokenizer
 
-        # Loading the tokenizer reads files: keep the event loop free meanwhile.
-        tokenizer = await asyncio.to_thread(get_tokenizer, engine_config.model_config)
-        client = await AsyncMPClient.start(engine_config)
+        # The core loads the model while this process loads the tokenizer (in a thread: it reads files,
+        # and the event loop stays free).
+        client_start = asyncio.create_task(AsyncMPClient.start(engine_config, core_process))
+        try:
+            tokenizer = await asyncio.to_thread(get_tokenizer, engine_config.model_config)
+        except BaseException:
+            client_start.cancel()
+            with contextlib.suppress(BaseException):
+                (await client_start).shutdown()
+            raise
+        client = await client_start
         return cls(engine_config, client, tokenizer, model_name, log_stats)
 
     # ------------------------------------------------------------------------------------ requests

@@ -1,7 +1,9 @@
 """Client side of the engine core process: start it, send requests and aborts, receive outputs.
 
-`AsyncMPClient` spawns `pagedllm.engine.core_proc.run_engine_core` in a child process, waits for its
-READY handshake, then exchanges msgspec messages with it over ZMQ from the asyncio event loop. A monitor
+`EngineCoreProcess` spawns the child (`pagedllm.engine.core_proc.run_engine_core_process`) before the
+configuration exists, so that the child's imports overlap with the front-end's; `AsyncMPClient` sends it
+the configuration, waits for its READY handshake, then exchanges msgspec messages with it over ZMQ from
+the asyncio event loop. A monitor
 thread waits on the child's process sentinel, so a dead core (crash, OOM kill, kill -9) is noticed at
 once: pending and later calls fail with `EngineDeadError` instead of waiting forever.
 """
@@ -24,7 +26,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from pagedllm.engine.core_proc import InputKind, OutputKind, StartupInfo, run_engine_core
+from pagedllm.engine.core_proc import CoreLaunch, InputKind, OutputKind, StartupInfo, run_engine_core_process
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
 if TYPE_CHECKING:
@@ -44,10 +46,43 @@ class EngineDeadError(RuntimeError):
     """The engine core process is gone: no request can be served any more."""
 
 
+class EngineCoreProcess:
+    """The engine core's child process, started before its configuration is known.
+
+    Its imports (torch, the engine, the torch.compile stack) take several seconds; `pagedllm serve`
+    starts it first thing, so they run while the API server imports its own modules and builds the
+    configuration. `launch` hands it the configuration; `stop` ends one never launched.
+    """
+
+    def __init__(self) -> None:
+        # spawn, not fork: the parent may hold threads (uvicorn, tokenizers) and torch state.
+        mp = multiprocessing.get_context("spawn")
+        receiver, self._sender = mp.Pipe(duplex=False)
+        self.process: BaseProcess = mp.Process(
+            target=run_engine_core_process, args=(receiver,), name="EngineCore", daemon=True
+        )
+        self.process.start()
+        receiver.close()
+
+    def launch(self, engine_config: EngineConfig, input_addr: str, output_addr: str) -> None:
+        launch = CoreLaunch(engine_config, input_addr, output_addr, os.getpid(), dict(os.environ))
+        # A few kB, within the pipe's buffer: this does not wait for the child to finish its imports.
+        with contextlib.suppress(BrokenPipeError):  # a child that died is reported by its exit code
+            self._sender.send(launch)
+        self._sender.close()
+
+    def stop(self) -> None:
+        """End the process if it still runs; for one never launched (it has no SIGTERM handler yet, so
+        SIGTERM ends it at once). A launched core is stopped by `AsyncMPClient.shutdown`."""
+        self._sender.close()
+        self.process.terminate()
+        self.process.join()
+
+
 class AsyncMPClient:
     """Talks to an EngineCore running in a child process (create it with `await AsyncMPClient.start`)."""
 
-    def __init__(self, engine_config: EngineConfig) -> None:
+    def __init__(self, engine_config: EngineConfig, core_process: EngineCoreProcess | None = None) -> None:
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedllm-")
         input_addr = f"ipc://{os.path.join(self._ipc_dir, 'input')}"
         output_addr = f"ipc://{os.path.join(self._ipc_dir, 'output')}"
@@ -65,21 +100,19 @@ class AsyncMPClient:
         self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
         self._reader_task: asyncio.Task[None] | None = None
         self.startup_info: StartupInfo | None = None
-        # spawn, not fork: the parent may hold threads (uvicorn, tokenizers) and torch state.
-        mp = multiprocessing.get_context("spawn")
-        self.process: BaseProcess = mp.Process(
-            target=run_engine_core,
-            args=(engine_config, input_addr, output_addr, os.getpid()),
-            name="EngineCore",
-            daemon=True,
-        )
-        self.process.start()
+        core_process = core_process if core_process is not None else EngineCoreProcess()
+        self.process: BaseProcess = core_process.process
+        core_process.launch(engine_config, input_addr, output_addr)
 
     @classmethod
     async def start(
-        cls, engine_config: EngineConfig, startup_timeout: float = STARTUP_TIMEOUT_S
+        cls,
+        engine_config: EngineConfig,
+        core_process: EngineCoreProcess | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT_S,
     ) -> AsyncMPClient:
-        client = cls(engine_config)
+        """Launch the core (in `core_process` if one was started early) and wait until it is ready."""
+        client = cls(engine_config, core_process)
         try:
             await client._wait_ready(startup_timeout)
         except BaseException:

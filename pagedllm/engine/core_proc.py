@@ -14,13 +14,15 @@ Wire format, one multipart message per item: ``[kind, payload]``.
 from __future__ import annotations
 
 import enum
+import functools
+import importlib
 import logging
 import os
 import queue
 import signal
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 import zmq
@@ -28,6 +30,9 @@ import zmq
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from multiprocessing.connection import Connection
+
     from pagedllm.config import EngineConfig
     from pagedllm.engine.core import EngineCore
 
@@ -187,11 +192,63 @@ def _raise_shutdown(signum: int, frame: Any) -> None:
     raise _Shutdown
 
 
-def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
-    """Entry point of the engine core process (spawned by AsyncMPClient)."""
+class CoreLaunch(NamedTuple):
+    """What the front-end sends a started core process once its configuration is known."""
+
+    engine_config: EngineConfig
+    input_addr: str
+    output_addr: str
+    parent_pid: int
+    environ: dict[str, str]
+    """The front-end's environment at that point: building the configuration may have set variables
+    (NCCL_GRAPH_REGISTER, PAGEDLLM_USE_BREAKABLE_CUDAGRAPH) after this process was spawned."""
+
+
+def _probe_cpu_vector_isa() -> None:
+    from pagedllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        # Inductor's first CPU compile probes which vector ISAs build and load (a child Python per ISA,
+        # ~1.5 s); the answer is cached for the process.
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+        valid_vec_isa_list()
+
+
+# What the core will need, slowest last: the engine, transformers' model configurations (the
+# configuration holds one), the torch.compile stack and Inductor's CPU probe (for the default O2).
+_PRELOAD_STEPS: tuple[Callable[[], object], ...] = (
+    functools.partial(importlib.import_module, "pagedllm.engine.core"),
+    functools.partial(importlib.import_module, "transformers.configuration_utils"),
+    functools.partial(importlib.import_module, "torch._inductor.compile_fx"),
+    _probe_cpu_vector_isa,
+)
+
+
+def run_engine_core_process(launch_conn: Connection) -> None:
+    """Entry point of the engine core process (spawned by `EngineCoreProcess` before the configuration
+    exists): prepare what the core will need until the `CoreLaunch` arrives, then run the core."""
     # SIGINT (Ctrl-C) reaches the whole process group: the API server decides how to drain and then
     # stops us with SIGTERM, so the core ignores SIGINT itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for step in _PRELOAD_STEPS:
+        # Once the launch is here, waiting for a step the configuration may not need (an O0 engine
+        # compiles nothing) would only delay the start; what is needed gets imported on first use.
+        if launch_conn.poll():
+            break
+        step()
+    try:
+        launch: CoreLaunch = launch_conn.recv()
+    except EOFError:
+        # The front-end gave up before configuring us (a configuration error, Ctrl-C): nothing to do.
+        os._exit(0)
+    launch_conn.close()
+    os.environ.update(launch.environ)
+    run_engine_core(launch.engine_config, launch.input_addr, launch.output_addr, launch.parent_pid)
+
+
+def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Build the EngineCore and serve the front-end until SIGTERM or the parent's death."""
     signal.signal(signal.SIGTERM, _raise_shutdown)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [engine core] %(message)s")
     proc: EngineCoreProc | None = None

@@ -4,6 +4,10 @@ A command is a module exposing `add_parser(subparsers) -> argparse.ArgumentParse
 `subparsers.add_parser(<its name>, ...)` and adds its flags, usually with `EngineArgs.add_cli_args`) and
 `run(args: argparse.Namespace) -> int` (the exit status). Register one with a line in `SUBCOMMANDS`.
 Only the module of the command being run is imported, so `pagedllm --help` stays fast.
+
+A command may also expose `start_early() -> object`: called before its parser is built (building it
+imports torch, ~2 s), unless help was asked for; what it returns reaches `run` as `args.started_early`
+(`pagedllm serve` starts its engine process there).
 """
 
 from __future__ import annotations
@@ -70,8 +74,12 @@ def build_parser(command: str | None = None) -> tuple[FlexibleArgumentParser, Mo
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list[:1] if a in SUBCOMMANDS), None)
+    started_early = None
+    if command is not None and not {"-h", "--help"} & set(args_list):
+        start_early = getattr(_load(command), "start_early", None)
+        started_early = start_early() if start_early is not None else None
     parser, module = build_parser(command)
-    args: argparse.Namespace = parser.parse_args(args_list)
+    args = parser.parse_args(args_list, namespace=argparse.Namespace(started_early=started_early))
     assert module is not None, "argparse accepted a command that was not loaded"
     return int(module.run(args))
 

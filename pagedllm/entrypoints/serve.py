@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedllm.engine.core_client import EngineCoreProcess
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,15 +53,52 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    from pagedllm.config.args import EngineArgs
-    from pagedllm.entrypoints.openai.api_server import main
+# Stop signals that arrived before `run` took over (while the CLI parsed the flags).
+_early_signals: list[int] = []
 
+
+def _record_signal(signum: int, frame: object) -> None:
+    _early_signals.append(signum)
+
+
+def _interrupt_startup(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def start_early() -> EngineCoreProcess:
+    """The engine core process, started before the CLI parses the flags: its imports (several seconds)
+    overlap with the API server's imports and the configuration."""
+    from pagedllm.engine.core_client import EngineCoreProcess
+
+    # Parsing takes a moment: a stop signal meanwhile is acted on when `run` starts, not by dying with
+    # an engine process half started.
+    signal.signal(signal.SIGTERM, _record_signal)
+    signal.signal(signal.SIGINT, _record_signal)
+    return EngineCoreProcess()
+
+
+def run(args: argparse.Namespace) -> int:
+    core_process: EngineCoreProcess = getattr(args, "started_early", None) or start_early()
+    # A signal during start-up aborts it (the engine process is cleaned up); once uvicorn runs, the
+    # server's own handlers drain and stop it.
+    signal.signal(signal.SIGTERM, _interrupt_startup)
+    signal.signal(signal.SIGINT, _interrupt_startup)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
-        engine_config = EngineArgs.from_cli_args(args).create_engine_config()
-    except (ValueError, TypeError) as e:
-        # Config errors name the offending option; a traceback would only bury that line.
-        print(f"pagedllm serve: error: {e}", file=sys.stderr)
-        return 2
-    return main(args, engine_config)
+        if _early_signals:
+            raise KeyboardInterrupt
+        from pagedllm.config.args import EngineArgs
+        from pagedllm.entrypoints.openai.api_server import run_server
+
+        try:
+            engine_config = EngineArgs.from_cli_args(args).create_engine_config()
+        except (ValueError, TypeError) as e:
+            # Config errors name the offending option; a traceback would only bury that line.
+            print(f"pagedllm serve: error: {e}", file=sys.stderr)
+            return 2
+        return asyncio.run(run_server(args, engine_config, core_process))
+    except KeyboardInterrupt:
+        logging.getLogger("pagedllm.entrypoints.serve").info("Interrupted during start-up")
+        return 0
+    finally:
+        core_process.stop()

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import os
 import signal
+import time
 
 import psutil
 import pytest
 
 from pagedllm.config.args import EngineArgs
-from pagedllm.engine.core_client import AsyncMPClient, EngineDeadError
+from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, EngineDeadError
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.sampling_params import SamplingParams
 
@@ -85,6 +87,46 @@ def test_requests_aborts_and_death() -> None:
         assert not client.process.is_alive()
 
     asyncio.run(scenario())
+
+
+def test_core_process_started_early_then_launched() -> None:
+    # Launched before it finished its preloading (the O0 configuration needs no compiler), then one
+    # launched with the compiler stack already imported: both serve.
+    for settle_s in (0.0, 10.0):
+
+        async def scenario(core: EngineCoreProcess) -> None:
+            client = await AsyncMPClient.start(_config(), core)
+            try:
+                assert client.process is core.process
+                await client.add_request_async(_request("a", 4))
+                assert len((await _collect(client, {"a"}))["a"]) == 4
+            finally:
+                client.shutdown()
+            assert not core.process.is_alive()
+
+        core = EngineCoreProcess()
+        time.sleep(settle_s)
+        asyncio.run(scenario(core))
+
+
+def test_launch_carries_the_environment_of_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Building the configuration may set variables after the process was spawned: they must reach it.
+    core = EngineCoreProcess.__new__(EngineCoreProcess)
+    receiver, core._sender = multiprocessing.Pipe(duplex=False)
+    monkeypatch.setenv("PAGEDLLM_TEST_SET_AFTER_SPAWN", "1")
+    config = _config()
+    core.launch(config, "ipc://input", "ipc://output")
+    launch = receiver.recv()
+    assert launch.environ["PAGEDLLM_TEST_SET_AFTER_SPAWN"] == "1"
+    assert launch.parent_pid == os.getpid() and launch.input_addr == "ipc://input"
+    assert launch.engine_config.compute_hash() == config.compute_hash()
+
+
+def test_unlaunched_core_process_stops() -> None:
+    core = EngineCoreProcess()
+    core.stop()
+    assert not core.process.is_alive() and core.process.exitcode is not None
+    core.stop()  # a second stop is a no-op
 
 
 async def _first_output(client: AsyncMPClient, request_id: str) -> None:

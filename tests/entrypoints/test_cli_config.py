@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,41 @@ def test_registry_rejects_a_module_without_the_interface(monkeypatch: pytest.Mon
     monkeypatch.setitem(cli.SUBCOMMANDS, "broken", cli.Subcommand("pagedllm.entrypoints.arg_parser", "x"))
     with pytest.raises(TypeError, match="has no add_parser"):
         cli.build_parser("broken")
+
+
+def _command_module(events: list[str]) -> types.ModuleType:
+    module = types.ModuleType("pagedllm_test_early_command")
+
+    def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        events.append("parser built")
+        parser = subparsers.add_parser("early")
+        parser.add_argument("--n", type=int, required=True)
+        return parser
+
+    def start_early() -> str:
+        events.append("started early")
+        return "handle"
+
+    def run(args: argparse.Namespace) -> int:
+        events.append(f"run with {args.started_early} n={args.n}")
+        return 0
+
+    module.add_parser, module.start_early, module.run = add_parser, start_early, run  # type: ignore[attr-defined]
+    return module
+
+
+def test_start_early_runs_before_the_parser_and_reaches_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    monkeypatch.setitem(sys.modules, "pagedllm_test_early_command", _command_module(events))
+    monkeypatch.setitem(cli.SUBCOMMANDS, "early", cli.Subcommand("pagedllm_test_early_command", "x"))
+    assert cli.main(["early", "--n", "3"]) == 0
+    assert events == ["started early", "parser built", "run with handle n=3"]
+
+    # Asking for help starts nothing.
+    events.clear()
+    with pytest.raises(SystemExit):
+        cli.main(["early", "--help"])
+    assert events == ["parser built"]
 
 
 def test_format_text_layout() -> None:

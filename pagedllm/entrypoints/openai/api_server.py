@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagedllm
 from pagedllm.engine.async_llm import AsyncLLM
-from pagedllm.engine.core_client import EngineDeadError
+from pagedllm.engine.core_client import EngineCoreProcess, EngineDeadError
 from pagedllm.entrypoints.openai.errors import (
     OpenAIError,
     error_response,
@@ -204,8 +204,11 @@ def served_names(model_served_name: str | list[str] | None, model: str) -> list[
     return [names] if isinstance(names, str) else list(names)
 
 
-async def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> int:
-    """Serve until SIGTERM/SIGINT; ``args`` holds the server flags of `pagedllm serve`."""
+async def run_server(
+    args: argparse.Namespace, engine_config: EngineConfig, core_process: EngineCoreProcess | None = None
+) -> int:
+    """Serve until SIGTERM/SIGINT; ``args`` holds the server flags of `pagedllm serve`, ``core_process``
+    an engine core process started early (else one is started here)."""
     model_config = engine_config.model_config
     names = served_names(model_config.served_model_name, str(model_config.model))
     log_requests = engine_config.logging_config.enable_log_requests and not args.disable_log_requests
@@ -220,7 +223,10 @@ async def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> i
             return 2
 
     engine = await AsyncLLM.create(
-        engine_config, names[0], log_stats=not engine_config.logging_config.disable_log_stats
+        engine_config,
+        names[0],
+        log_stats=not engine_config.logging_config.disable_log_stats,
+        core_process=core_process,
     )
     try:
         app = build_app(engine, names, api_key or None, chat_template, log_requests)
@@ -248,20 +254,3 @@ async def run_server(args: argparse.Namespace, engine_config: EngineConfig) -> i
     finally:
         await engine.shutdown()
     return 0
-
-
-def _interrupt_startup(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
-def main(args: argparse.Namespace, engine_config: EngineConfig) -> int:
-    # A signal during start-up aborts it (the engine process is cleaned up); once uvicorn runs, its own
-    # handlers drain and stop the server, then re-raise the signal, which must not kill us with status != 0
-    # (run_server installs a handler for that).
-    signal.signal(signal.SIGTERM, _interrupt_startup)
-    signal.signal(signal.SIGINT, _interrupt_startup)
-    try:
-        return asyncio.run(run_server(args, engine_config))
-    except KeyboardInterrupt:
-        logger.info("Interrupted during start-up")
-        return 0

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf.quants
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -42,6 +43,9 @@ SUPPORTED_TENSOR_TYPES = frozenset(
         GGMLQuantizationType.Q6_K,
     }
 )
+# Raw bytes dequantized at once: large enough to amortize numpy's per-call cost, small enough that its
+# float32 temporaries stay in the CPU cache (measured: 256 KiB beats 16 KiB and 4 MiB).
+_DEQUANT_CHUNK_BYTES = 256 << 10
 _TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _PER_BLOCK = {
     "attn_q": "self_attn.q_proj",
@@ -110,8 +114,19 @@ def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarr
     end = info.offset + num_rows * row_bytes
     if end > data.size:
         raise ModelLoadError(f"{path}: tensor {info.name!r} runs past the end of the file (truncated?)")
-    raw = data[info.offset : end].reshape(num_rows, row_bytes)
-    return dequantize(raw, qtype).reshape([int(d) for d in reversed(info.dims)])
+    # A plain ndarray view: every slice of a np.memmap pays for memmap's __array_finalize__.
+    raw = data[info.offset : end].view(np.ndarray).reshape(num_rows, row_bytes)
+    shape = [int(d) for d in reversed(info.dims)]
+    quant = getattr(gguf.quants, qtype.name, None)
+    if quant is None:  # F32, F16: a view and a cast
+        return dequantize(raw, qtype).reshape(shape)
+    # `dequantize` works on groups of 16 rows, a Python loop that costs 5x the arithmetic on a large
+    # embedding; the type's row dequantizer over a few MB of rows at a time is vectorized numpy.
+    out = np.empty((num_rows, row_elems), dtype=np.float32)
+    rows_per_chunk = max(1, _DEQUANT_CHUNK_BYTES // row_bytes)
+    for start in range(0, num_rows, rows_per_chunk):
+        out[start : start + rows_per_chunk] = quant.dequantize_rows(raw[start : start + rows_per_chunk])
+    return out.reshape(shape)
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
