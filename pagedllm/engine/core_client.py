@@ -3,9 +3,9 @@
 `EngineCoreProcess` spawns the child (`pagedllm.engine.core_proc.run_engine_core_process`) before the
 configuration exists, so that the child's imports overlap with the front-end's; `AsyncMPClient` sends it
 the configuration, waits for its READY handshake, then exchanges msgspec messages with it over ZMQ from
-the asyncio event loop. A monitor
-thread waits on the child's process sentinel, so a dead core (crash, OOM kill, kill -9) is noticed at
-once: pending and later calls fail with `EngineDeadError` instead of waiting forever.
+the asyncio event loop. A monitor thread waits on the child's process sentinel, so a dead core (crash,
+OOM kill, kill -9) is noticed at once: pending and later calls fail with `EngineDeadError` instead of
+waiting forever.
 """
 
 from __future__ import annotations
