@@ -121,7 +121,7 @@ def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarr
     if quant is None:  # F32, F16: a view and a cast
         return dequantize(raw, qtype).reshape(shape)
     # `dequantize` works on groups of 16 rows, a Python loop that costs 5x the arithmetic on a large
-    # embedding; the type's row dequantizer over a few MB of rows at a time is vectorized numpy.
+    # embedding; the type's row dequantizer over _DEQUANT_CHUNK_BYTES of rows at a time is vectorized numpy.
     out = np.empty((num_rows, row_elems), dtype=np.float32)
     rows_per_chunk = max(1, _DEQUANT_CHUNK_BYTES // row_bytes)
     for start in range(0, num_rows, rows_per_chunk):
