@@ -225,18 +225,28 @@ _PRELOAD_STEPS: tuple[Callable[[], object], ...] = (
 )
 
 
+def _preload(launch_conn: Connection) -> None:
+    for step in _PRELOAD_STEPS:
+        # Once the launch is here, waiting for a step the configuration may not need (an O0 engine
+        # compiles nothing) would only delay the start; what is needed gets imported on first use.
+        if launch_conn.poll():
+            return
+        try:
+            step()
+        except Exception:
+            # Only a head start: whatever failed here fails again where the core needs it, and is
+            # reported to the front-end from there (an engine that does not need it still starts).
+            logger.debug("engine core preload step %s failed", step, exc_info=True)
+            return
+
+
 def run_engine_core_process(launch_conn: Connection) -> None:
     """Entry point of the engine core process (spawned by `EngineCoreProcess` before the configuration
     exists): prepare what the core will need until the `CoreLaunch` arrives, then run the core."""
     # SIGINT (Ctrl-C) reaches the whole process group: the API server decides how to drain and then
     # stops us with SIGTERM, so the core ignores SIGINT itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for step in _PRELOAD_STEPS:
-        # Once the launch is here, waiting for a step the configuration may not need (an O0 engine
-        # compiles nothing) would only delay the start; what is needed gets imported on first use.
-        if launch_conn.poll():
-            break
-        step()
+    _preload(launch_conn)
     try:
         launch: CoreLaunch = launch_conn.recv()
     except EOFError:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from pagedllm.config.args import EngineArgs
+from pagedllm.engine import core_proc
 from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, EngineDeadError
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.sampling_params import SamplingParams
@@ -120,6 +121,26 @@ def test_launch_carries_the_environment_of_the_launch(monkeypatch: pytest.Monkey
     assert launch.environ["PAGEDLLM_TEST_SET_AFTER_SPAWN"] == "1"
     assert launch.parent_pid == os.getpid() and launch.input_addr == "ipc://input"
     assert launch.engine_config.compute_hash() == config.compute_hash()
+
+
+def test_a_failing_preload_step_is_skipped_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    done: list[str] = []
+
+    def fails() -> None:
+        raise ImportError("a torch without this internal")
+
+    monkeypatch.setattr(
+        core_proc, "_PRELOAD_STEPS", (lambda: done.append("first"), fails, lambda: done.append("x"))
+    )
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    core_proc._preload(receiver)  # no launch yet: runs steps until one fails
+    assert done == ["first"]
+
+    # Once the launch is waiting, no step runs.
+    done.clear()
+    sender.send("launch")
+    core_proc._preload(receiver)
+    assert done == []
 
 
 def test_unlaunched_core_process_stops() -> None:
