@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from runner_driver import RunnerDriver, hf_greedy, make_config, save_tiny_model
 
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionBackend
@@ -62,6 +64,10 @@ def make_runner(model_dir: Path, tmp_path: Path, **fields: Any) -> ModelRunner:
     return runner
 
 
+def is_compile_wrapper(fn: Any) -> bool:
+    return hasattr(fn, "_torchdynamo_orig_callable")
+
+
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_every_level_gives_the_greedy_tokens_of_eager(
     level: int, model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path
@@ -80,6 +86,24 @@ def test_every_level_gives_the_greedy_tokens_of_eager(
         # One graph per (shape class, first layer or not) for the two classes the workload hits
         # (1 token, 2..64 tokens), plus the single-row LM head: many step sizes, no recompiles.
         assert forward.num_graphs == 5
+        # Every step after a graph's first ran Dynamo's captured bytecode as a plain function, not
+        # torch.compile's wrapper (which carries its original callable).
+        calls = [*forward._fns.values(), forward._single_row_call]
+        assert len(calls) == 5
+        assert all(isinstance(f, types.FunctionType) and not is_compile_wrapper(f) for f in calls)
+
+
+def test_without_the_bytecode_hook_the_compiled_wrappers_run(
+    model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(torch._dynamo.convert_frame, "register_bytecode_hook")
+    runner = make_runner(model_dir, tmp_path)
+    tokens = run_workload(runner)
+    assert tokens["a"] == hf_tokens["a"] and tokens["b"] == hf_tokens["b"]
+    forward = runner._forward
+    assert isinstance(forward, CompiledForward)
+    calls = [*forward._fns.values(), forward._single_row_call]
+    assert len(calls) == 5 and all(is_compile_wrapper(f) for f in calls)
 
 
 @pytest.mark.parametrize("mode", [CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE])
