@@ -104,7 +104,24 @@ def test_bfloat16_cache() -> None:
 
 
 def test_padded_rows_are_zero() -> None:
-    _run_steps(MIXED_STEPS[:3], 4, 2, pad=5)
+    _run_steps(MIXED_STEPS, 4, 2, pad=5)
+
+
+def test_native_kernel_calls_per_step(decode_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of decodes only stores its keys inside the layer's single kernel call; a step with
+    prompts stores them first (its cached-prefix chunks read them), then attends its decodes."""
+    if decode_path != "native":
+        pytest.skip("the native path's calls")
+    calls: list[str] = []
+    for name in ("write_kv", "decode_layer"):
+        original = getattr(cpu_decode, name)
+        monkeypatch.setattr(cpu_decode, name, lambda *a, _f=original, _n=name: (calls.append(_n), _f(*a))[1])
+    _run_steps(MIXED_STEPS, 4, 2)
+    expected = []
+    for chunks in MIXED_STEPS:
+        has_prompt, has_decode = any(n > 1 for _, n in chunks), any(n == 1 for _, n in chunks)
+        expected += ["write_kv"] * has_prompt + ["decode_layer"] * has_decode
+    assert calls == expected
 
 
 def test_many_decodes_one_step() -> None:
@@ -207,7 +224,7 @@ def test_native_kernel_serves_cpu_decodes_of_its_dtypes(dtype: torch.dtype, deco
     _, md = batch.metadata([("x", 1)])
     q, kv = torch.randn(1, 4, 16).to(dtype), torch.randn(1, 2, 16).to(dtype)
     impl.forward(q, kv, kv, batch.kv_caches[0], md)
-    (plan,) = md.backend_cache.values()
+    (plan,) = [p for key, p in md.backend_cache.items() if isinstance(key, tuple)]
     # float16 has no native kernel on CPU: the tensor-op path serves it.
     assert isinstance(plan.decode, _NativeDecodePlan) == (dtype != torch.float16)
 

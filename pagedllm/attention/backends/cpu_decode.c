@@ -321,17 +321,41 @@ void write_kv_bf16(const void *key, int64_t key_stride, const void *value, int64
              head_size, 2);
 }
 
+/* What a decode call needs from the step (the same for every layer), and from the layer's head
+ * layout (the same for every layer of that layout): built once by the caller, passed by pointer, so
+ * a layer's call converts only its own tensors' addresses. */
+typedef struct {
+    const int32_t *tables;
+    int64_t table_stride;
+    const int64_t *q_rows, *table_rows, *seq_lens;
+    int64_t num_reqs;
+    const int64_t *slots; /* cache slot of each of the step's num_slots new tokens */
+    int64_t num_slots;    /* 0: the keys were written already (a step with prompts writes first) */
+} StepArgs;
+
+typedef struct {
+    int64_t num_heads, num_kv_heads, head_size, block_size;
+    int64_t v_offset; /* elements from the key half of a layer's cache to its value half */
+    float scale;
+    int64_t window;
+} LayerArgs;
+
+/* One layer's decode attention: stores the step's new keys and values (if num_slots), then attends
+ * each decode request's query row. The cache is [2, num_blocks, num_kv_heads, block_size, head]. */
 #define EXPORT(NAME, BF16)                                                                            \
-    int NAME(const void *q, int64_t q_stride, const void *k, const void *v, const int32_t *tables,     \
-             int64_t table_stride, const int64_t *q_rows, const int64_t *table_rows,                  \
-             const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads, int64_t num_kv_heads,      \
-             int64_t head_size, int64_t block_size, float scale, int64_t window, void *out,           \
-             int64_t out_stride) {                                                                    \
-        const DecodeArgs a = {q, k, v, out, tables, q_rows, table_rows, seq_lens, q_stride,           \
-                              out_stride, table_stride, num_kv_heads, num_heads / num_kv_heads,       \
-                              block_size, window, scale};                                             \
-        return paged_decode(&a, num_reqs, head_size, BF16);                                           \
+    int NAME(const void *q, int64_t q_stride, const void *key, int64_t key_stride, const void *value, \
+             int64_t value_stride, void *cache, void *out, int64_t out_stride, const StepArgs *s,     \
+             const LayerArgs *l) {                                                                    \
+        const int64_t elem = BF16 ? 2 : 4;                                                            \
+        char *k_cache = cache, *v_cache = (char *)cache + l->v_offset * elem;                         \
+        if (s->num_slots)                                                                             \
+            write_kv(key, key_stride, value, value_stride, k_cache, v_cache, s->slots, s->num_slots,  \
+                     l->num_kv_heads, l->block_size, l->head_size, elem);                             \
+        const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows,          \
+                              s->seq_lens, q_stride, out_stride, s->table_stride, l->num_kv_heads,    \
+                              l->num_heads / l->num_kv_heads, l->block_size, l->window, l->scale};    \
+        return paged_decode(&a, s->num_reqs, l->head_size, BF16);                                     \
     }
 
-EXPORT(paged_decode_f32, 0)
-EXPORT(paged_decode_bf16, 1)
+EXPORT(decode_layer_f32, 0)
+EXPORT(decode_layer_bf16, 1)

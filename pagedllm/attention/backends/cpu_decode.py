@@ -40,25 +40,49 @@ _FLAG_SETS = (
     _MATH,
 )
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+class StepArgs(ctypes.Structure):
+    """The C kernel's per-step arguments (`StepArgs` in cpu_decode.c)."""
+
+    _fields_ = [
+        ("tables", ctypes.c_void_p),
+        ("table_stride", ctypes.c_int64),
+        ("q_rows", ctypes.c_void_p),
+        ("table_rows", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p),
+        ("num_reqs", ctypes.c_int64),
+        ("slots", ctypes.c_void_p),
+        ("num_slots", ctypes.c_int64),
+    ]
+
+
+class LayerArgs(ctypes.Structure):
+    """The C kernel's per-head-layout arguments (`LayerArgs` in cpu_decode.c)."""
+
+    _fields_ = [
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("head_size", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        ("v_offset", ctypes.c_int64),
+        ("scale", ctypes.c_float),
+        ("window", ctypes.c_int64),
+    ]
+
+
 _DECODE_ARGTYPES = [
     ctypes.c_void_p,  # q
     ctypes.c_int64,  # q row stride
-    ctypes.c_void_p,  # k cache
-    ctypes.c_void_p,  # v cache
-    ctypes.c_void_p,  # block tables
-    ctypes.c_int64,  # block table row stride
-    ctypes.c_void_p,  # query row of each decode request
-    ctypes.c_void_p,  # block-table row of each decode request
-    ctypes.c_void_p,  # seq lens
-    ctypes.c_int64,  # decode requests
-    ctypes.c_int64,  # heads
-    ctypes.c_int64,  # kv heads
-    ctypes.c_int64,  # head size
-    ctypes.c_int64,  # block size
-    ctypes.c_float,  # scale
-    ctypes.c_int64,  # sliding window (0: none)
+    ctypes.c_void_p,  # key (this step's new rows)
+    ctypes.c_int64,  # key row stride
+    ctypes.c_void_p,  # value
+    ctypes.c_int64,  # value row stride
+    ctypes.c_void_p,  # the layer's cache
     ctypes.c_void_p,  # out
     ctypes.c_int64,  # out row stride
+    ctypes.POINTER(StepArgs),
+    ctypes.POINTER(LayerArgs),
 ]
 _WRITE_ARGTYPES = [
     ctypes.c_void_p,  # key
@@ -129,8 +153,8 @@ def kernel() -> ctypes.CDLL | None:
         return None
     lib = ctypes.CDLL(str(path))
     for suffix in _SUFFIXES.values():
-        getattr(lib, f"paged_decode_{suffix}").argtypes = _DECODE_ARGTYPES
-        getattr(lib, f"paged_decode_{suffix}").restype = ctypes.c_int
+        getattr(lib, f"decode_layer_{suffix}").argtypes = _DECODE_ARGTYPES
+        getattr(lib, f"decode_layer_{suffix}").restype = ctypes.c_int
         getattr(lib, f"write_kv_{suffix}").argtypes = _WRITE_ARGTYPES
         getattr(lib, f"write_kv_{suffix}").restype = None
     return lib
@@ -161,43 +185,74 @@ def supports(
     )
 
 
-def paged_decode(
+class DecodeStep:
+    """A step's decode requests as the kernel takes them, converted once for every layer: the step's
+    block tables (int32, contiguous rows) and, per decode request, its query row, block-table row and
+    length (int64). With `slots` (int64: the cache slot of each of the step's new tokens) each layer's
+    call also stores the new keys and values first; leave it None when they were stored already."""
+
+    def __init__(
+        self,
+        block_tables: torch.Tensor,
+        q_rows: torch.Tensor,
+        table_rows: torch.Tensor,
+        seq_lens: torch.Tensor,
+        slots: torch.Tensor | None,
+    ) -> None:
+        if block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
+            raise ValueError("block_tables must be int32 with contiguous rows")
+        # The structure holds raw addresses: these references keep the tensors alive with it.
+        self.tensors = (block_tables, q_rows, table_rows, seq_lens, slots)
+        self.args = StepArgs(
+            block_tables.data_ptr(),
+            block_tables.stride(0),
+            q_rows.data_ptr(),
+            table_rows.data_ptr(),
+            seq_lens.data_ptr(),
+            q_rows.shape[0],
+            slots.data_ptr() if slots is not None else None,
+            slots.shape[0] if slots is not None else 0,
+        )
+        self.pointer = ctypes.pointer(self.args)
+
+
+class DecodeLayout:
+    """A head layout's constants as the kernel takes them, and the kernel of its cache's dtype; the
+    same for every layer with that layout and cache shape (check `supports` first)."""
+
+    def __init__(self, num_heads: int, kv_cache: torch.Tensor, scale: float, window: int) -> None:
+        _, _, num_kv_heads, block_size, head_size = kv_cache.shape
+        self.args = LayerArgs(
+            num_heads, num_kv_heads, head_size, block_size, kv_cache.stride(0), scale, window
+        )
+        self.pointer = ctypes.pointer(self.args)
+        self.fn = getattr(kernel(), f"decode_layer_{_SUFFIXES[kv_cache.dtype]}")
+
+
+def decode_layer(
     query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     kv_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    q_rows: torch.Tensor,
-    table_rows: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    window: int,
     out: torch.Tensor,
+    step: DecodeStep,
+    layout: DecodeLayout,
 ) -> None:
-    """Writes `out[q_rows[i]]`, the attention of `query[q_rows[i]]` [heads, head_size] over the first
-    `seq_lens[i]` keys (the last `window`, if > 0) of the request in `block_tables[table_rows[i]]`.
-    Index tensors are int64, the tables int32; check `supports` first."""
-    if block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
-        raise ValueError("block_tables must be int32 with contiguous rows")
-    _, _, num_kv_heads, block_size, head_size = kv_cache.shape
-    fn = getattr(kernel(), f"paged_decode_{_SUFFIXES[query.dtype]}")
-    status = fn(
+    """One layer's decode attention: stores the step's new `key`/`value` rows at its slots (if the
+    step has them), then writes `out[q_rows[i]]`, the attention of `query[q_rows[i]]` [heads,
+    head_size] over the first `seq_lens[i]` keys (the last `window`, if > 0) of decode request i."""
+    status = layout.fn(
         query.data_ptr(),
         query.stride(0),
-        kv_cache[0].data_ptr(),
-        kv_cache[1].data_ptr(),
-        block_tables.data_ptr(),
-        block_tables.stride(0),
-        q_rows.data_ptr(),
-        table_rows.data_ptr(),
-        seq_lens.data_ptr(),
-        q_rows.shape[0],
-        query.shape[1],
-        num_kv_heads,
-        head_size,
-        block_size,
-        scale,
-        window,
+        key.data_ptr(),
+        key.stride(0),
+        value.data_ptr(),
+        value.stride(0),
+        kv_cache.data_ptr(),
         out.data_ptr(),
         out.stride(0),
+        step.pointer,
+        layout.pointer,
     )
     if status != 0:
         raise RuntimeError("native decode kernel rejected its shapes (check supports() first)")

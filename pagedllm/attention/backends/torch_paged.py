@@ -72,13 +72,10 @@ class _DenseDecodePlan:
 
 @dataclass
 class _NativeDecodePlan:
-    """Decode requests for the native CPU kernel: the step's block tables, and the query row,
-    block-table row and length (int64) of each decode request."""
+    """Decode requests for the native CPU kernel. In a step without prompts each layer's kernel
+    call also stores the step's keys (`step` carries the slots); otherwise they are stored first."""
 
-    block_tables: torch.Tensor
-    q_rows: torch.Tensor
-    table_rows: torch.Tensor
-    seq_lens: torch.Tensor
+    step: cpu_decode.DecodeStep
 
 
 @dataclass
@@ -120,10 +117,11 @@ def _build_plan(
         return _Plan(None, prefills, slot_block, slot_offset)
     dseq = seq[dec]
     if native:
-        native_plan = _NativeDecodePlan(
-            md.block_tables, torch.from_numpy(qsl[dec]), torch.from_numpy(dec), torch.from_numpy(dseq)
+        slots = None if prefills else md.slot_mapping[: md.num_actual_tokens]
+        step = cpu_decode.DecodeStep(
+            md.block_tables, torch.from_numpy(qsl[dec]), torch.from_numpy(dec), torch.from_numpy(dseq), slots
         )
-        return _Plan(native_plan, prefills, slot_block, slot_offset)
+        return _Plan(_NativeDecodePlan(step), prefills, slot_block, slot_offset)
     contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
     rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
     if md.compiled_decode and dec.size <= DENSE_DECODE_MAX_REQS:
@@ -247,12 +245,23 @@ class TorchPagedAttentionImpl(AttentionImpl):
         if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
             raise RuntimeError("attention KV cache is not bound (call pagedllm.attention.bind_kv_cache)")
         block_size = kv_cache.shape[3]
-        native = cpu_decode.supports(query, key, value, kv_cache, self.num_heads, self.num_kv_heads)
+        # Whether the native kernel serves this layer, and its head layout for the kernel: once per
+        # step for all the layers of this impl (the same graph's tensors, caches allocated alike).
+        layout = md.backend_cache.get(self)
+        if layout is None:
+            layout = self._native_layout(query, key, value, kv_cache)
+            md.backend_cache[self] = layout
+        native = layout is not False
         plan_key = ("torch_paged", block_size, self.sliding_window, native)
         plan = md.backend_cache.get(plan_key)
         if plan is None:
             plan = _build_plan(md, block_size, self.sliding_window, query.device, native)
             md.backend_cache[plan_key] = plan
+        out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
+        if isinstance(layout, cpu_decode.DecodeLayout) and isinstance(plan.decode, _NativeDecodePlan):
+            if not plan.prefills:  # decodes only: one kernel call stores this step's keys and attends
+                cpu_decode.decode_layer(query, key, value, kv_cache, out, plan.decode.step, layout)
+                return out
 
         # Write first, so the decode path and cached-prefix chunks read this step's keys too.
         if native:
@@ -262,7 +271,6 @@ class TorchPagedAttentionImpl(AttentionImpl):
             kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
             kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
 
-        out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
         for seg in plan.prefills:
             q = query[seg.start : seg.end]
             if seg.num_computed == 0:
@@ -273,8 +281,16 @@ class TorchPagedAttentionImpl(AttentionImpl):
                 k, v = (self._gather_sequence(kv_cache[i], blocks, seg.seq_len) for i in (0, 1))
             out[seg.start : seg.end] = self._prefill(q, k, v, seg.num_computed).transpose(0, 1)
         if plan.decode is not None:
-            self._decode(query, kv_cache, plan.decode, out)
+            self._decode(query, key, value, kv_cache, plan.decode, layout, out)
         return out
+
+    def _native_layout(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor
+    ) -> cpu_decode.DecodeLayout | bool:
+        """The kernel's view of this layer, or False where the native kernel cannot serve it."""
+        if not cpu_decode.supports(query, key, value, kv_cache, self.num_heads, self.num_kv_heads):
+            return False
+        return cpu_decode.DecodeLayout(self.num_heads, kv_cache, self.scale, self.sliding_window or 0)
 
     @staticmethod
     def _gather_sequence(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -307,15 +323,16 @@ class TorchPagedAttentionImpl(AttentionImpl):
     def _decode(
         self,
         query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
         kv_cache: torch.Tensor,
         p: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan,
+        layout: cpu_decode.DecodeLayout | bool,
         out: torch.Tensor,
     ) -> None:
         if isinstance(p, _NativeDecodePlan):
-            window = self.sliding_window or 0
-            cpu_decode.paged_decode(
-                query, kv_cache, p.block_tables, p.q_rows, p.table_rows, p.seq_lens, self.scale, window, out
-            )
+            assert isinstance(layout, cpu_decode.DecodeLayout)
+            cpu_decode.decode_layer(query, key, value, kv_cache, out, p.step, layout)
             return
         group = self.num_heads // self.num_kv_heads
         q = query[: p.num_reqs] if p.rows is None else query.index_select(0, p.rows)
