@@ -101,6 +101,10 @@ def test_validation_errors_become_openai_400s() -> None:
         ({"prompt": {"a": 1}}, "prompt"),
         ({}, "prompt"),
         ([1, 2], None),
+        # Token ids are JSON integers: no booleans or numeric strings slip through as ids.
+        ({"prompt": [True, 5]}, "prompt"),
+        ({"prompt": [[1, "2"]]}, "prompt"),
+        ({"prompt": "x", "stop_token_ids": [False]}, "stop_token_ids"),
     ]
     for body, param in cases:
         response = client.post("/c", json=body)

@@ -6,13 +6,18 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+# Token ids in requests: JSON integers only. Pydantic's lax mode would take `true` as 1 and "7" as 7,
+# which no OpenAI-compatible server accepts.
+TokenId = StrictInt
 
 
 class OpenAIBaseModel(BaseModel):
@@ -70,11 +75,11 @@ class SamplingFields(OpenAIBaseModel):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     priority: int = 0
@@ -111,7 +116,7 @@ class SamplingFields(OpenAIBaseModel):
 
 # ------------------------------------------------------------------------------------- completions
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     best_of: int | None = None
     echo: bool = False
     logprobs: int | None = None
@@ -291,7 +296,7 @@ class TokenizeResponse(OpenAIBaseModel):
 
 class DetokenizeRequest(OpenAIBaseModel):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 class DetokenizeResponse(OpenAIBaseModel):
