@@ -209,3 +209,21 @@ def test_generation_config_defaults(model_dir: Path, tmp_path: Path) -> None:
         1.0,
         16,
     )
+
+
+def test_max_model_len_past_the_model_maximum(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN lets max_model_len exceed max_position_embeddings; the
+    rotary table then covers it, and positions past the model's maximum (here the whole tail of the
+    prompt and every generated token) decode as HF computes them."""
+    short = tmp_path / "short"
+    shutil.copytree(model_dir, short)
+    config = json.loads((short / "config.json").read_text())
+    config["max_position_embeddings"] = 32
+    (short / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    llm = LLM(model=str(short), dtype="float32", max_model_len=96, enforce_eager=True, optimization_level=0)
+    prompt = (llm.get_tokenizer().encode(PROMPTS[2]) * 4)[:48]
+    (output,) = llm.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)
+    assert output.outputs[0].token_ids == hf_greedy(short, [prompt], GREEDY.max_tokens)[0]

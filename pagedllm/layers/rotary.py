@@ -94,6 +94,8 @@ class RotaryEmbedding(nn.Module):
         self.rope_scaling = rope_scaling
         # llama.cpp-style divisors of the rotary frequencies (see `set_freq_factors`).
         self.freq_factors: torch.Tensor | None = None
+        # Positions the table covers past the model's own maximum (see `cover_positions`).
+        self.min_positions = 0
         # Validate the rope type now, not on the first forward.
         _inv_freq(head_size, base, rope_scaling)
         self.register_buffer("cos_sin_cache", self._compute_cache(), persistent=False)
@@ -104,7 +106,7 @@ class RotaryEmbedding(nn.Module):
             inv_freq = _inv_freq(self.head_size, self.base, self.rope_scaling)
             if self.freq_factors is not None:
                 inv_freq = inv_freq / self.freq_factors
-            length = table_length(self.max_position_embeddings, self.rope_scaling)
+            length = max(table_length(self.max_position_embeddings, self.rope_scaling), self.min_positions)
             t = torch.arange(length, dtype=torch.float32)
             freqs = torch.outer(t, inv_freq)
             return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
@@ -118,6 +120,14 @@ class RotaryEmbedding(nn.Module):
             )
         self.freq_factors = factors.detach().to("cpu", torch.float32).clone()
         self.init_buffers()
+
+    def cover_positions(self, n: int) -> None:
+        """Make the table hold positions 0..n-1: an engine `max_model_len` past the model's maximum
+        (allowed by PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN) would otherwise index past its end. The rows
+        beyond continue the same frequencies, as HF's rotary embedding computes any position."""
+        if n > self.cos_sin_cache.shape[0]:
+            self.min_positions = n
+            self.init_buffers()
 
     def init_buffers(self) -> None:
         """Recompute the table after the module was built on the meta device and moved with

@@ -17,6 +17,7 @@ from torch import nn
 
 from pagedllm.config.model_source import download_model_files, hub_weight_patterns
 from pagedllm.layers.linear import check_tp_size
+from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.loader.dummy import initialize_dummy_weights
 from pagedllm.models.loader.errors import ModelLoadError
 from pagedllm.models.loader.gguf_loader import (
@@ -55,9 +56,10 @@ def load_model(
     device: torch.device | str = "cpu",
     seed: int | None = 0,
     tensor_parallel_size: int = 1,
+    max_positions: int = 0,
 ) -> nn.Module:
     """The model for `hf_config` with weights from `model_path` (an HF directory) or `gguf_file`,
-    in `dtype` on `device`, in eval mode."""
+    in `dtype` on `device`, in eval mode, its rotary tables covering at least `max_positions`."""
     check_tp_size(tensor_parallel_size)
     if load_format not in SUPPORTED_LOAD_FORMATS:
         raise ModelLoadError(
@@ -80,6 +82,8 @@ def load_model(
         init = getattr(module, "init_buffers", None)
         if callable(init):
             init()
+        if isinstance(module, RotaryEmbedding):
+            module.cover_positions(max_positions)
     tie = getattr(model, "tie_weights", None)
     if callable(tie):
         tie()
@@ -130,4 +134,5 @@ def get_model(engine_config: Any) -> nn.Module:
         device=engine_config.device_config.device,
         seed=mc.seed,
         tensor_parallel_size=engine_config.parallel_config.tensor_parallel_size,
+        max_positions=mc.max_model_len,
     )
