@@ -215,6 +215,11 @@ class DecodeStep:
         )
         self.pointer = ctypes.pointer(self.args)
 
+    @property
+    def stores_kv(self) -> bool:
+        """Whether each layer's call stores the step's new keys and values."""
+        return self.args.num_slots > 0
+
 
 class DecodeLayout:
     """A head layout's constants as the kernel takes them, and the kernel of its cache's dtype; the

@@ -91,9 +91,10 @@ class _PrefillSegment:
 class _Plan:
     decode: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan | None
     prefills: list[_PrefillSegment]
-    # Cache block and offset of each new token (from slot_mapping).
-    slot_block: torch.Tensor
-    slot_offset: torch.Tensor
+    # Cache block and offset of each new token (from slot_mapping), for the tensor-op write; None on
+    # the native path, whose kernels take the slots themselves.
+    slot_block: torch.Tensor | None
+    slot_offset: torch.Tensor | None
 
 
 def _build_plan(
@@ -112,14 +113,17 @@ def _build_plan(
         for i in np.flatnonzero(q_lens > 1)
     ]
     slots = md.slot_mapping[: md.num_actual_tokens]
-    slot_block, slot_offset = slots // block_size, slots % block_size
+    slot_block, slot_offset = (None, None) if native else (slots // block_size, slots % block_size)
     if dec.size == 0:
         return _Plan(None, prefills, slot_block, slot_offset)
     dseq = seq[dec]
     if native:
-        slots = None if prefills else md.slot_mapping[: md.num_actual_tokens]
         step = cpu_decode.DecodeStep(
-            md.block_tables, torch.from_numpy(qsl[dec]), torch.from_numpy(dec), torch.from_numpy(dseq), slots
+            md.block_tables,
+            torch.from_numpy(qsl[dec]),
+            torch.from_numpy(dec),
+            torch.from_numpy(dseq),
+            None if prefills else slots,
         )
         return _Plan(_NativeDecodePlan(step), prefills, slot_block, slot_offset)
     contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
@@ -258,15 +262,14 @@ class TorchPagedAttentionImpl(AttentionImpl):
             plan = _build_plan(md, block_size, self.sliding_window, query.device, native)
             md.backend_cache[plan_key] = plan
         out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
-        if isinstance(layout, cpu_decode.DecodeLayout) and isinstance(plan.decode, _NativeDecodePlan):
-            if not plan.prefills:  # decodes only: one kernel call stores this step's keys and attends
-                cpu_decode.decode_layer(query, key, value, kv_cache, out, plan.decode.step, layout)
-                return out
 
-        # Write first, so the decode path and cached-prefix chunks read this step's keys too.
+        # Write first, so the decode path and cached-prefix chunks read this step's keys too (in a step
+        # of decodes only the native kernel's call stores them itself).
         if native:
-            cpu_decode.write_kv(key[:n], value[:n], kv_cache, md.slot_mapping[:n])
+            if not (isinstance(plan.decode, _NativeDecodePlan) and plan.decode.step.stores_kv):
+                cpu_decode.write_kv(key[:n], value[:n], kv_cache, md.slot_mapping[:n])
         else:
+            assert plan.slot_block is not None and plan.slot_offset is not None
             # `[num_blocks, block_size, kv_heads, head]` views of the head-major blocks.
             kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
             kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
