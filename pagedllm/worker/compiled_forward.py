@@ -143,7 +143,6 @@ class CompiledForward:
             raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to compile")
         # The LM head of a single row (one sequence decoding) is a matrix-vector product over the
         # whole vocabulary: compiled, it streams the weight (see `pagedllm.layers.linear.linear`).
-        self._eager_logits = model.compute_logits
         self._logits_fn: types.FunctionType = type(model).compute_logits
         self._single_row_logits = self._compile(self._logits_fn)
         # `(model, hidden) -> logits` once compiled: the captured bytecode, else the compiled wrapper.
@@ -155,7 +154,7 @@ class CompiledForward:
 
     def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[0] != 1:
-            return self._eager_logits(hidden_states)
+            return self._logits_fn(self.model, hidden_states)
         if self._single_row_call is not None:
             return self._single_row_call(self.model, hidden_states)
         out, direct = _call_capturing_bytecode(
