@@ -54,11 +54,14 @@ def _run_steps(
     window: int | None = None,
     dtype: torch.dtype = torch.float32,
     pad: int = 0,
+    block_size: int = 16,
 ) -> None:
     head_size = 16
     scale = head_size**-0.5
     impl = TorchPagedAttentionImpl(heads, head_size, scale, kv_heads, window)
-    batch = PagedBatch(1, kv_heads, head_size, num_blocks=96, block_size=16, dtype=dtype)
+    batch = PagedBatch(
+        1, kv_heads, head_size, num_blocks=96 * 16 // block_size + 8, block_size=block_size, dtype=dtype
+    )
     gen = torch.Generator().manual_seed(0)
     history: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     atol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -105,6 +108,14 @@ def test_bfloat16_cache() -> None:
 
 def test_padded_rows_are_zero() -> None:
     _run_steps(MIXED_STEPS, 4, 2, pad=5)
+
+
+@pytest.mark.parametrize("block_size", [4, 32, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_sizes(block_size: int, dtype: torch.dtype) -> None:
+    """Blocks of fewer, and of more, keys than the native kernel takes at once (16), the window's
+    first key inside one of them."""
+    _run_steps(MIXED_STEPS + [[("d", 1), ("c", 1)]] * 3, 4, 2, window=21, dtype=dtype, block_size=block_size)
 
 
 def test_native_kernel_calls_per_step(decode_path: str, monkeypatch: pytest.MonkeyPatch) -> None:

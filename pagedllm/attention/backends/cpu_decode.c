@@ -13,23 +13,26 @@
  * Decode request i reads query row q_rows[i], block-table row table_rows[i], seq_lens[i] keys, and
  * writes output row q_rows[i].
  *
- * Work item = (request, kv head): each key and value row is read and converted once and serves every
- * query head of the group. Softmax is online per cache block (flash decoding): the block's scores,
- * then one rescale of the accumulators per block rather than per key. The body is written once for
- * float and bfloat16 elements; the common head sizes get their own constant-size copies, which the
- * compiler keeps in vector registers.
+ * Work item = (request, kv head, part of its blocks): each key and value is read from memory once and
+ * serves every query head of the group. Softmax is online per 16 keys (flash decoding): their scores
+ * as one vector, then one rescale of the accumulators. The body is written once for float and
+ * bfloat16 elements; the common head sizes get their own constant-size copies, which the compiler
+ * keeps in vector registers.
  */
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #define MAX_GROUP 16
 #define MAX_HEAD 256
-#define MAX_BLOCK 256
 #define INLINE static inline __attribute__((always_inline))
 
 INLINE float bf16_to_float(uint16_t h) {
@@ -58,9 +61,15 @@ typedef uint32_t word_vec __attribute__((vector_size(64)));
 INLINE vec load_vec(const char *p, int bf16) {
     vec f;
     if (bf16) {
+#ifdef __AVX512F__
+        /* One widening load; the generic conversion below compiles to two half-width ones and an
+         * insert, which dominated the kernel's time. */
+        const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+#else
         bf16_vec h;
         memcpy(&h, p, sizeof h);
         const word_vec w = __builtin_convertvector(h, word_vec) << 16;
+#endif
         memcpy(&f, &w, sizeof f);
     } else {
         memcpy(&f, p, sizeof f);
@@ -123,18 +132,78 @@ INLINE void key_blocks(const DecodeArgs *a, int64_t r, int64_t *first, int64_t *
     *end = (a->seq_lens[r] + a->block_size - 1) / a->block_size;
 }
 
+typedef int32_t int_vec __attribute__((vector_size(64)));
+
+/* Lane i of the result: the sum of v[i]'s lanes. A transpose tree (each level adds the two halves of
+ * pairs of vectors, interleaved so the last level leaves the sums in order) costs 15 two-shuffle adds
+ * for 16 sums instead of 16 horizontal sums of 4 shuffles and 4 adds each. */
+INLINE vec sum_lanes16(const vec *v) {
+    vec r1[8], r2[4], r3[2];
+    for (int i = 0; i < 8; i++)
+        r1[i] = __builtin_shuffle(v[i], v[i + 8], (int_vec){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) +
+                __builtin_shuffle(v[i], v[i + 8], (int_vec){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31});
+    for (int i = 0; i < 4; i++)
+        r2[i] = __builtin_shuffle(r1[i], r1[i + 4], (int_vec){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}) +
+                __builtin_shuffle(r1[i], r1[i + 4], (int_vec){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31});
+    for (int i = 0; i < 2; i++)
+        r3[i] = __builtin_shuffle(r2[i], r2[i + 2], (int_vec){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}) +
+                __builtin_shuffle(r2[i], r2[i + 2], (int_vec){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31});
+    return __builtin_shuffle(r3[0], r3[1], (int_vec){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}) +
+           __builtin_shuffle(r3[0], r3[1], (int_vec){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31});
+}
+
+/* Lanes of `a` where `mask` is set, of `b` elsewhere. */
+INLINE vec select_vec(int_vec mask, vec a, vec b) {
+    return (vec)(((int_vec)a & mask) | ((int_vec)b & ~mask));
+}
+
+INLINE float hmax(vec x) {
+    float m = x[0];
+    for (int i = 1; i < LANES; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* exp_nonpositive on 16 lanes at once (the same steps in vector operations). */
+INLINE vec exp_nonpositive_vec(vec x) {
+    x = select_vec(x < -87.0f, (vec){0} - 87.0f, x);
+    const int_vec n = __builtin_convertvector(x * 1.44269504f - 0.5f, int_vec);
+    const vec nf = __builtin_convertvector(n, vec);
+    const vec f = x - nf * 0.693145752f - nf * 1.42860677e-6f;
+    vec p = f * (1.0f / 720.0f) + 1.0f / 120.0f;
+    p = p * f + 1.0f / 24.0f;
+    p = p * f + 1.0f / 6.0f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    return p * (vec)((n + 127) << 23);
+}
+
+#define L2_AHEAD 16
+
+/* Asks for kv head h's keys and values in cache block `block` (`bytes` each) to be brought into L2. */
+INLINE void prefetch_block(const DecodeArgs *a, int64_t block, int64_t h, int64_t bytes) {
+    const int64_t base = (block * a->num_kv_heads + h) * bytes;
+    for (int64_t off = 0; off < bytes; off += 64) {
+        __builtin_prefetch(a->k + base + off, 0, 2);
+        __builtin_prefetch(a->v + base + off, 0, 2);
+    }
+}
+
 /* Attention of request r's query heads of kv head h over cache blocks [b_begin, b_end) of its table.
  * With `partial` NULL the result is final and goes to `out`; otherwise the unnormalized state
  * (running max, sum, weighted values: group x (2 + D) floats) goes there for merge_splits. `nc` is
  * the head size in 16-float chunks, a compile-time constant in the specialized copies; `bf16`
- * selects the element type. */
+ * selects the element type. Keys are taken 16 at a time: each key row is converted once for all
+ * query heads of the group, a head's 16 scores come out of one transpose-sum as a vector, and their
+ * softmax runs in its lanes. */
 INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_begin, int64_t b_end,
                         float *partial, const int64_t nc, const int bf16) {
     const int64_t elem = bf16 ? 2 : 4, D = nc * LANES;
     const int64_t group = a->group, bs = a->block_size, len = a->seq_lens[r], start = first_key(a, r);
     const int32_t *table = a->tables + a->table_rows[r] * a->table_stride;
-    vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS];
-    float s[MAX_GROUP][MAX_BLOCK], run_max[MAX_GROUP], run_sum[MAX_GROUP], correction[MAX_GROUP];
+    vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS], dots[MAX_GROUP][LANES];
+    float run_max[MAX_GROUP], run_sum[MAX_GROUP];
+    const int_vec lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const char *qr = a->q + (a->q_rows[r] * a->q_stride + h * group * D) * elem;
     for (int64_t g = 0; g < group; g++) {
         for (int64_t c = 0; c < nc; c++) {
@@ -149,46 +218,41 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
         const char *kb = a->k + base, *vb = a->v + base;
         const int64_t t0 = start > b * bs ? start - b * bs : 0;
         const int64_t t1 = len - b * bs < bs ? len - b * bs : bs;
-        if (b + 1 < b_end) {
-            /* Blocks lie at random places: without a hint every block starts with a row of cache
-             * misses before the hardware prefetcher catches on. Fetch the next one meanwhile. */
-            const int64_t next = ((int64_t)table[b + 1] * a->num_kv_heads + h) * bs * D * elem;
-            for (int64_t off = 0; off < bs * D * elem; off += 64) {
-                __builtin_prefetch(a->k + next + off);
-                __builtin_prefetch(a->v + next + off);
+        /* Blocks lie at random places, each pages away from the last: every one would start with
+         * a row of cache misses (and page walks) before the hardware prefetcher catches on, and
+         * the next block alone is too little to keep the memory system busy while one is computed.
+         * The blocks up to L2_AHEAD ahead are requested (all of them at the start). */
+        for (int64_t ahead = b == b_begin ? b + 1 : b + L2_AHEAD; ahead <= b + L2_AHEAD && ahead < b_end; ahead++)
+            prefetch_block(a, table[ahead], h, bs * D * elem);
+        for (int64_t c0 = t0; c0 < t1; c0 += LANES) {
+            const int64_t n = t1 - c0 < LANES ? t1 - c0 : LANES;
+            for (int64_t t = 0; t < LANES; t++) {
+                if (t < n) {
+                    vec key[MAX_CHUNKS];
+                    for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + ((c0 + t) * D + c * LANES) * elem, bf16);
+                    for (int64_t g = 0; g < group; g++) {
+                        vec dot = qv[g][0] * key[0];
+                        for (int64_t c = 1; c < nc; c++) dot += qv[g][c] * key[c];
+                        dots[g][t] = dot;
+                    }
+                } else {
+                    for (int64_t g = 0; g < group; g++) dots[g][t] = (vec){0};
+                }
             }
-        }
-        for (int64_t t = t0; t < t1; t++) {
-            vec key[MAX_CHUNKS];
-            for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + (t * D + c * LANES) * elem, bf16);
+            const int_vec valid = lane < (int32_t)n;
             for (int64_t g = 0; g < group; g++) {
-                vec dot = qv[g][0] * key[0];
-                for (int64_t c = 1; c < nc; c++) dot += qv[g][c] * key[c];
-                s[g][t] = hsum(dot);
+                const vec scores = sum_lanes16(dots[g]);
+                const float m = fmaxf(run_max[g], hmax(select_vec(valid, scores, (vec){0} - FLT_MAX)));
+                const float correction = exp_nonpositive(run_max[g] - m);
+                const vec p = select_vec(valid, exp_nonpositive_vec(scores - m), (vec){0});
+                run_max[g] = m;
+                run_sum[g] = run_sum[g] * correction + hsum(p);
+                vec o[MAX_CHUNKS];
+                for (int64_t c = 0; c < nc; c++) o[c] = acc[g][c] * correction;
+                for (int64_t t = 0; t < n; t++)
+                    for (int64_t c = 0; c < nc; c++) o[c] += p[t] * load_vec(vb + ((c0 + t) * D + c * LANES) * elem, bf16);
+                for (int64_t c = 0; c < nc; c++) acc[g][c] = o[c];
             }
-        }
-        for (int64_t g = 0; g < group; g++) {
-            float m = run_max[g];
-#pragma omp simd reduction(max : m)
-            for (int64_t t = t0; t < t1; t++) m = s[g][t] > m ? s[g][t] : m;
-            correction[g] = exp_nonpositive(run_max[g] - m);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t t = t0; t < t1; t++) {
-                s[g][t] = exp_nonpositive(s[g][t] - m);
-                sum += s[g][t];
-            }
-            run_max[g] = m;
-            run_sum[g] = run_sum[g] * correction[g] + sum;
-        }
-        for (int64_t g = 0; g < group; g++) {
-            vec o[MAX_CHUNKS];
-            for (int64_t c = 0; c < nc; c++) o[c] = acc[g][c] * correction[g];
-            for (int64_t t = t0; t < t1; t++) {
-                const float p = s[g][t];
-                for (int64_t c = 0; c < nc; c++) o[c] += p * load_vec(vb + (t * D + c * LANES) * elem, bf16);
-            }
-            for (int64_t c = 0; c < nc; c++) acc[g][c] = o[c];
         }
     }
     if (partial) {
@@ -258,7 +322,7 @@ static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
 }
 
 static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size, int bf16) {
-    if (a->group > MAX_GROUP || head_size > MAX_HEAD || head_size % LANES || a->block_size > MAX_BLOCK)
+    if (a->group > MAX_GROUP || head_size > MAX_HEAD || head_size % LANES)
         return -1;
     const int64_t nc = head_size / LANES, tasks = num_reqs * a->num_kv_heads;
     const int64_t splits = num_splits(a, num_reqs);

@@ -97,8 +97,8 @@ _WRITE_ARGTYPES = [
     ctypes.c_int64,  # block size
     ctypes.c_int64,  # head size
 ]
-# The C kernel's fixed per-thread buffers (MAX_GROUP, MAX_HEAD, MAX_BLOCK) and vector width (LANES).
-MAX_GROUP, MAX_HEAD, MAX_BLOCK, LANES = 16, 256, 256, 16
+# The C kernel's fixed per-thread buffers (MAX_GROUP, MAX_HEAD) and vector width (LANES).
+MAX_GROUP, MAX_HEAD, LANES = 16, 256, 16
 
 
 def _compiler() -> str | None:
@@ -180,7 +180,6 @@ def supports(
         and num_heads // num_kv_heads <= MAX_GROUP
         and head_size <= MAX_HEAD
         and head_size % LANES == 0
-        and block_size <= MAX_BLOCK
         and kernel() is not None
     )
 
