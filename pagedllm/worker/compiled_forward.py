@@ -19,6 +19,10 @@
 
 Attention is an opaque custom op (`pagedllm::unified_attention`), so a block is one graph.
 
+A one-token step of decodes only (one sequence decoding) runs all decoder layers in one native call
+instead, where `NativeDecoder` accepts the model (Llama-structured bfloat16 layers on an AVX512-BF16
+CPU, see `pagedllm.worker.native_decode`); the graphs of size 1 still serve every other model.
+
 Once a (block, shape class) is compiled, later calls skip Dynamo's frame evaluation: the bytecode
 Dynamo generated for that compile (which fetches the graph's inputs from the block and calls the
 compiled graph) is captured with a bytecode hook and called as a plain function. Through
@@ -44,6 +48,7 @@ from torch import nn
 
 from pagedllm.config.compilation import CompilationMode
 from pagedllm.config.utils import cache_root
+from pagedllm.worker.native_decode import NativeDecoder
 
 logger = logging.getLogger("pagedllm.compile")
 
@@ -135,6 +140,8 @@ class CompiledForward:
         # sliding-window layer from the others, are skipped, so the key must.
         self._fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._blocks: list[nn.Module] = []
+        # One-token steps of decodes only, in one native call where the model allows it.
+        self.native: NativeDecoder | None = None
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
             self._stock: Forward = torch.compile(model, backend=self.backend)  # type: ignore[assignment]
             return
@@ -151,6 +158,7 @@ class CompiledForward:
         for block in self._blocks:
             signature = (type(block), _attention_constants(block))
             block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
+        self.native = NativeDecoder.for_model(model)
 
     def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[0] != 1:
@@ -240,6 +248,10 @@ class CompiledForward:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
             return self._stock(input_ids, positions)
+        if input_ids.shape[0] == 1 and self.native is not None:
+            hidden = self.native(input_ids, positions)
+            if hidden is not None:
+                return hidden
         self._key = self.shape_class(input_ids.shape[0])
         try:
             return self.model(input_ids, positions)

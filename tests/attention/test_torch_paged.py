@@ -292,7 +292,7 @@ def test_unbuildable_kernel_is_a_warning_not_a_crash(
     assert "no C compiler" in caplog.text
     monkeypatch.undo()
 
-    def read_only(compiler: str) -> None:
+    def read_only(*args: object) -> None:
         raise PermissionError("[Errno 13] Permission denied: '/cache/native'")
 
     monkeypatch.setattr(cpu_decode, "_build", read_only)

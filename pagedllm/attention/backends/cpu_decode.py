@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from pagedllm.platforms.cpu import CpuPlatform
 
 logger = logging.getLogger("pagedllm.attention")
 
-_SOURCE = Path(__file__).with_name("cpu_decode.c")
+SOURCE = Path(__file__).with_name("cpu_decode.c")
 # Tried in order: the best code for this CPU first, then plainer builds (a compiler without OpenMP
 # still gives a correct single-threaded kernel). Reassociation lets the compiler sum a dot product's
 # vector lanes as a tree instead of a chain of scalar adds (3x on this kernel); unlike -ffast-math it
@@ -114,44 +115,55 @@ def _cpu_signature() -> str:
     return " ".join([platform.machine(), platform.processor(), *CpuPlatform.cpu_flags()])
 
 
-def _build(compiler: str) -> Path | None:
-    source = _SOURCE.read_bytes()
+def _build(compiler: str, name: str, sources: Sequence[Path]) -> Path | None:
+    text = b"".join(source.read_bytes() for source in sources)
     for flags in _FLAG_SETS:
         recipe = " ".join([compiler, *flags, _cpu_signature()])
-        key = hashlib.sha256(source + recipe.encode()).hexdigest()[:16]
-        target = cache_root() / "native" / f"cpu_decode-{key}.so"
+        key = hashlib.sha256(text + recipe.encode()).hexdigest()[:16]
+        target = cache_root() / "native" / f"{name}-{key}.so"
         if target.exists():
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         # Build beside the target and rename: concurrent processes never load a half-written file.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
-        cmd = [compiler, *flags, "-shared", "-fPIC", "-o", tmp, str(_SOURCE)]
+        cmd = [compiler, *flags, "-shared", "-fPIC", "-o", tmp, str(sources[0])]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode == 0:
             os.replace(tmp, target)
             return target
         os.unlink(tmp)
-        logger.debug("native decode kernel: %s failed: %s", " ".join(cmd), result.stderr.strip())
+        logger.debug("native %s: %s failed: %s", name, " ".join(cmd), result.stderr.strip())
     return None
+
+
+def load_native(name: str, sources: Sequence[Path], what: str, otherwise: str) -> ctypes.CDLL | None:
+    """The C library `name` built from `sources[0]` (which may #include the other sources; all of
+    them key the build), or None where it cannot be built: a warning says `what` is missing and
+    what runs `otherwise`."""
+    compiler = _compiler()
+    try:
+        path = _build(compiler, name, sources) if compiler else None
+    except OSError as e:  # e.g. a read-only cache directory (set PAGEDLLM_CACHE_ROOT)
+        logger.warning("cannot build the %s: %s", what, e)
+        path = None
+    if path is None:
+        logger.warning("no C compiler could build the %s (set CC); %s", what, otherwise)
+        return None
+    return ctypes.CDLL(str(path))
 
 
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or None where it cannot be built (logged once)."""
-    compiler = _compiler()
-    try:
-        path = _build(compiler) if compiler else None
-    except OSError as e:  # e.g. a read-only cache directory (set PAGEDLLM_CACHE_ROOT)
-        logger.warning("cannot build the CPU decode-attention kernel: %s", e)
-        path = None
-    if path is None:
-        logger.warning(
-            "no C compiler could build the CPU decode-attention kernel (set CC); decode attention "
-            "uses tensor ops, which are slower"
-        )
+    lib = load_native(
+        "cpu_decode",
+        [SOURCE],
+        "CPU decode-attention kernel",
+        "decode attention uses tensor ops, which are slower",
+    )
+    if lib is None:
         return None
-    lib = ctypes.CDLL(str(path))
     for suffix in _SUFFIXES.values():
         getattr(lib, f"decode_layer_{suffix}").argtypes = _DECODE_ARGTYPES
         getattr(lib, f"decode_layer_{suffix}").restype = ctypes.c_int

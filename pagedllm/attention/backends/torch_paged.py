@@ -174,6 +174,28 @@ def _build_plan(
 DENSE_DECODE_MAX_REQS = 8
 
 
+def _step_plan(
+    md: AttentionMetadata, block_size: int, window: int | None, device: torch.device, native: bool
+) -> _Plan:
+    """The step's plan for layers of this block size and window, built by the first that asks."""
+    key = ("torch_paged", block_size, window, native)
+    plan = md.backend_cache.get(key)
+    if plan is None:
+        plan = md.backend_cache[key] = _build_plan(md, block_size, window, device, native)
+    return plan
+
+
+def native_decode_step(
+    md: AttentionMetadata, block_size: int, window: int | None
+) -> cpu_decode.DecodeStep | None:
+    """The native kernel's arguments for a CPU step of decodes only (each layer's call also stores
+    the step's keys), shared with the attention layers' plan; None for a step with prompts."""
+    plan = _step_plan(md, block_size, window, torch.device("cpu"), native=True)
+    if plan.prefills or not isinstance(plan.decode, _NativeDecodePlan):
+        return None
+    return plan.decode.step
+
+
 def dense_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -256,11 +278,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
             layout = self._native_layout(query, key, value, kv_cache)
             md.backend_cache[self] = layout
         native = layout is not False
-        plan_key = ("torch_paged", block_size, self.sliding_window, native)
-        plan = md.backend_cache.get(plan_key)
-        if plan is None:
-            plan = _build_plan(md, block_size, self.sliding_window, query.device, native)
-            md.backend_cache[plan_key] = plan
+        plan = _step_plan(md, block_size, self.sliding_window, query.device, native)
         out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
 
         # Write first, so the decode path and cached-prefix chunks read this step's keys too (in a step

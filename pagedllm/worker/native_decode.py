@@ -1,0 +1,217 @@
+"""Single-sequence decode steps of Llama-family models in one native call (native_decode.c).
+
+A step that decodes one token of one sequence is bound by reading every weight once. Through the
+compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
+allocations and the attention op's dispatch; `NativeDecoder` instead runs all decoder layers in one
+C call (bfloat16 weights, AVX512-BF16 matrix-vector products, the paged attention kernel), leaving
+the embedding and the final norm to the model's modules. `CompiledForward` uses it for one-token
+steps where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
+
+Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding
+window) without biases or per-head norms, bfloat16 weights on a CPU with AVX512-BF16, and an
+attention shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pagedllm.attention.backends import cpu_decode
+from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, native_decode_step
+from pagedllm.forward_context import get_forward_context
+from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.models.llama import LlamaDecoderLayer
+
+logger = logging.getLogger("pagedllm.compile")
+
+_SOURCE = Path(__file__).with_name("native_decode.c")
+
+
+class _LlamaLayer(ctypes.Structure):
+    """`LlamaLayer` in native_decode.c."""
+
+    _fields_ = [
+        (name, ctypes.c_void_p)
+        for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "kv_cache")
+    ]
+
+
+class _LlamaShape(ctypes.Structure):
+    """`LlamaShape` in native_decode.c."""
+
+    _fields_ = [
+        *[
+            (name, ctypes.c_int64)
+            for name in ("hidden", "intermediate", "num_heads", "num_kv_heads", "head_size", "num_layers")
+        ],
+        ("eps", ctypes.c_float),
+    ]
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = cpu_decode.load_native(
+        "native_decode",
+        [_SOURCE, cpu_decode.SOURCE],
+        "native decode path",
+        "single-sequence decode steps run the compiled graphs",
+    )
+    if lib is None or not lib.native_decode_supported():
+        return None
+    lib.decode_layers_bf16.argtypes = [ctypes.c_void_p] * 8
+    lib.decode_layers_bf16.restype = ctypes.c_int
+    return lib
+
+
+def _unsupported(model: nn.Module) -> str | None:
+    """Why the native decode path cannot run `model`, or None."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not all(type(layer) is LlamaDecoderLayer for layer in layers):
+        return f"{type(model).__name__} is not made of Llama decoder layers"
+    if any(p.device.type != "cpu" or p.dtype != torch.bfloat16 for p in layers.parameters()):
+        return "its decoder weights are not bfloat16 on the CPU"
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        modules = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        kinds = (QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear, RowParallelLinear)
+        if any(type(m) is not kind for m, kind in zip(modules, kinds)):
+            return "its projections are not plain linear layers (LoRA or quantized)"
+        if any(m.bias is not None for m in modules) or attn.q_norm is not None:
+            return "its layers have biases or per-head norms"
+        if type(attn.rotary_emb) is not RotaryEmbedding or type(mlp.act_fn) is not SiluAndMul:
+            return "its layers use another rotary embedding or activation"
+        if attn.qkv_proj.weight.shape[0] != attn.q_size + 2 * attn.kv_size:
+            return "its attention is sharded across ranks"
+        if not isinstance(attn.attn.impl, TorchPagedAttentionImpl):
+            return "its attention backend is not the CPU paged backend"
+    if len({layer.self_attn.attn.impl.sliding_window for layer in layers}) > 1:
+        return "its layers have different sliding windows"
+    return None
+
+
+class NativeDecoder:
+    """`(input_ids, positions) -> hidden_states` for a one-token step of decodes only."""
+
+    def __init__(self, model: nn.Module, lib: ctypes.CDLL) -> None:
+        self.model = model.model  # type: ignore[union-attr]
+        self.fn = lib.decode_layers_bf16
+        layers = self.model.layers
+        first = layers[0].self_attn
+        config = model.config  # type: ignore[union-attr]
+        self.rotary: RotaryEmbedding = first.rotary_emb
+        self.head_size = first.head_dim
+        self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
+        self.window = first.attn.impl.sliding_window
+        self.scale = first.attn.impl.scale
+        self.shape = _LlamaShape(
+            config.hidden_size,
+            config.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            len(layers),
+            layers[0].input_layernorm.variance_epsilon,
+        )
+        hidden, q_size, qkv_size = config.hidden_size, first.q_size, first.q_size + 2 * first.kv_size
+        self.h = torch.empty(hidden, dtype=torch.bfloat16)
+        self.residual = torch.empty(hidden, dtype=torch.float32)
+        self.scratch = torch.empty(
+            hidden + qkv_size + q_size + 3 * config.intermediate_size, dtype=torch.bfloat16
+        )
+        # Built at the first step (the KV caches are bound after the model is loaded).
+        self._cache: torch.Tensor | None = None
+        self._tensors: tuple[torch.Tensor, ...] = ()
+        self._layers: ctypes.Array[_LlamaLayer] | None = None
+        self._layout: cpu_decode.DecodeLayout | None = None
+
+    @classmethod
+    def for_model(cls, model: nn.Module) -> NativeDecoder | None:
+        """The decoder for `model`, or None (logged) where the native path cannot run it."""
+        reason = _unsupported(model)
+        lib = _library() if reason is None else None
+        if reason is None and lib is None:
+            reason = "the native library is unavailable (no C compiler, or no AVX512-BF16)"
+        if reason is not None:
+            logger.info("single-sequence decode steps run the compiled graphs: %s", reason)
+            return None
+        assert lib is not None
+        logger.info("single-sequence decode steps run natively (one call for all decoder layers)")
+        return cls(model, lib)
+
+    def _layer_tensors(self) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            t
+            for layer in self.model.layers
+            for t in (
+                layer.input_layernorm.weight,
+                layer.self_attn.qkv_proj.weight,
+                layer.self_attn.o_proj.weight,
+                layer.post_attention_layernorm.weight,
+                layer.mlp.gate_up_proj.weight,
+                layer.mlp.down_proj.weight,
+                layer.self_attn.attn.kv_cache,
+            )
+        )
+
+    def _bind(self) -> bool:
+        """Point the C layer table at the weights and the KV caches, once they are bound and again
+        whenever they are bound anew (`bind_kv_cache` binds every layer's cache at once; weights are
+        loaded before this object exists); False where the attention kernel cannot serve the caches
+        (then steps run the graphs)."""
+        cache = self.model.layers[0].self_attn.attn.kv_cache
+        if cache is self._cache:
+            return self._layout is not None
+        self._cache, self._layout = cache, None
+        tensors = self._layer_tensors()
+        if cache.dim() != 5 or any(c.shape != cache.shape for c in tensors[6::7]):
+            return False
+        probe = torch.empty(1, self.num_heads, self.head_size, dtype=torch.bfloat16)
+        kv_probe = probe[:, : self.num_kv_heads]
+        if not all(
+            t.is_contiguous() and t.dtype == torch.bfloat16 for t in tensors
+        ) or not cpu_decode.supports(probe, kv_probe, kv_probe, cache, self.num_heads, self.num_kv_heads):
+            return False
+        # Kept alive with the table of their addresses.
+        self._tensors = tensors
+        self._layers = (_LlamaLayer * len(self.model.layers))(
+            *(_LlamaLayer(*(t.data_ptr() for t in tensors[i : i + 7])) for i in range(0, len(tensors), 7))
+        )
+        self._layout = cpu_decode.DecodeLayout(self.num_heads, cache, self.scale, self.window or 0)
+        return True
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
+        """The hidden states of a one-token step, or None where this step needs the graphs (it has
+        a prompt, or the caches do not suit the kernel)."""
+        md = get_forward_context().attn_metadata
+        if md is None or not self._bind():
+            return None
+        step = native_decode_step(md, self._tensors[6].shape[3], self.window)
+        if step is None or step.args.num_reqs != 1:
+            return None
+        embedded = self.model.embed_tokens(input_ids)
+        self.h.copy_(embedded[0])
+        self.residual.copy_(embedded[0])
+        table = self.rotary.cos_sin_cache
+        row = table.data_ptr() + int(positions[0]) * table.stride(0) * table.element_size()
+        status = self.fn(
+            ctypes.byref(self.shape),
+            self._layers,
+            self.h.data_ptr(),
+            self.residual.data_ptr(),
+            self.scratch.data_ptr(),
+            row,
+            step.pointer,
+            self._layout.pointer if self._layout is not None else None,
+        )
+        if status != 0:
+            raise RuntimeError(f"native decode rejected the model's shapes (status {status})")
+        hidden, _ = self.model.norm(self.h[None], self.residual[None].to(torch.bfloat16))
+        return hidden

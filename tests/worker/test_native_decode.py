@@ -1,0 +1,165 @@
+"""The native single-sequence decode path: every decode step's greedy pick and logprob against
+transformers on the same tokens (as the compiled graphs it replaces), with odd matrix shapes and a
+sliding window; models it cannot run keep the graphs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from runner_driver import RunnerDriver, make_config
+
+from pagedllm.config import CompilationConfig, EngineConfig
+from pagedllm.config.model import ModelConfig
+from pagedllm.sampling_params import SamplingParams
+from pagedllm.worker import native_decode
+from pagedllm.worker.compiled_forward import CompiledForward
+from pagedllm.worker.model_runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(
+    native_decode._library() is None, reason="the native decode path needs a C compiler and AVX512-BF16"
+)
+
+_BASE: dict[str, Any] = dict(
+    num_hidden_layers=2,
+    vocab_size=256,
+    max_position_embeddings=512,
+    initializer_range=0.15,  # peaked logits: no near-ties for bfloat16 rounding to flip
+    eos_token_id=None,
+    pad_token_id=0,
+)
+# Widths that are not multiples of the kernels' 16 rows and 32 columns: the tails of every loop.
+_ODD: dict[str, Any] = dict(
+    hidden_size=80, intermediate_size=140, num_attention_heads=5, num_key_value_heads=1, head_dim=16
+)
+MODELS: dict[str, tuple[type, Any]] = {
+    "llama-odd-widths": (transformers.LlamaForCausalLM, transformers.LlamaConfig(**_BASE, **_ODD)),
+    "llama-gqa": (
+        transformers.LlamaForCausalLM,
+        transformers.LlamaConfig(
+            **_BASE, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2
+        ),
+    ),
+    "mistral-window12": (
+        transformers.MistralForCausalLM,
+        transformers.MistralConfig(**_BASE, **_ODD, sliding_window=12),
+    ),
+}
+PROMPT = [(7 * i + 3) % 256 for i in range(30)]
+MAX_TOKENS = 16
+
+
+def _save(name: str, path: Path) -> Path:
+    cls, config = MODELS[name]
+    torch.manual_seed(0)
+    cls(config).save_pretrained(path)
+    return path
+
+
+def _runner(model_dir: Path, tmp_path: Path, dtype: str = "bfloat16") -> ModelRunner:
+    base = make_config(model_dir)
+    config = EngineConfig(
+        model_config=ModelConfig(model=str(model_dir), dtype=dtype, max_model_len=128),
+        scheduler_config=base.scheduler_config,
+        cache_config=base.cache_config,
+        compilation_config=CompilationConfig(cache_dir=str(tmp_path / "compile-cache")),
+        optimization_level=2,
+    )
+    runner = ModelRunner(config)
+    runner.load_model()
+    runner.initialize_kv_cache(64)
+    return runner
+
+
+def _generate(
+    runner: ModelRunner, req_id: str = "a", prompt: list[int] = PROMPT
+) -> tuple[list[int], list[float]]:
+    driver = RunnerDriver(runner, num_blocks=64)
+    driver.add(req_id, prompt, MAX_TOKENS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0))
+    tokens = driver.run()[req_id]
+    logprobs = [lp.logprobs[0][0] for out in driver.outputs for lp in out.logprobs if lp is not None]
+    return tokens, logprobs
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_native_decode_matches_transformers(name: str, tmp_path: Path) -> None:
+    model_dir = _save(name, tmp_path / name)
+    runner = _runner(model_dir, tmp_path)
+    forward = runner._forward
+    assert isinstance(forward, CompiledForward) and forward.native is not None
+    native = forward.native
+    served = []
+    original_call = type(native).__call__
+
+    def counting(self: Any, *args: Any) -> Any:
+        out = original_call(self, *args)
+        served.append(out is not None)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(native), "__call__", counting)
+        tokens, logprobs = _generate(runner)
+    # Every one-token step (all but the prompt's) ran natively.
+    assert served == [True] * (MAX_TOKENS - 1)
+
+    # bfloat16 rounding differs between implementations, and random tiny models have near-ties it
+    # can flip, after which two greedy runs part ways: each run is checked against transformers
+    # (float32) on its own tokens instead. Every pick is the reference's best or within TIE of it,
+    # with the reference's logprob.
+    _check_against_reference(model_dir, tokens, logprobs)
+    # New caches (bound to every layer anew): the native path follows them.
+    runner.initialize_kv_cache(64)
+    served.clear()
+    other = PROMPT[::-1]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(native), "__call__", counting)
+        _check_against_reference(model_dir, *_generate(runner, "c", other), prompt=other)
+    assert served == [True] * (MAX_TOKENS - 1)
+    forward.native = None
+    _check_against_reference(model_dir, *_generate(runner, "b"))  # the graphs pass the same bar
+
+
+TIE = 0.15
+
+
+def _check_against_reference(
+    model_dir: Path, tokens: list[int], logprobs: list[float], prompt: list[int] = PROMPT
+) -> None:
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([prompt + tokens])).logits[0].log_softmax(-1)
+    ref = ref[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
+    chosen = ref[torch.arange(len(tokens)), torch.tensor(tokens)]
+    assert torch.all(ref.max(-1).values - chosen <= TIE), (ref.max(-1).values - chosen).tolist()
+    torch.testing.assert_close(torch.tensor(logprobs), chosen, atol=TIE, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("arch", "dtype", "reason"),
+    [
+        ("qwen2", "bfloat16", "biases"),
+        ("llama", "float32", "not bfloat16"),
+    ],
+)
+def test_models_the_path_cannot_run_keep_the_graphs(
+    arch: str, dtype: str, reason: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cls, config_cls = {
+        "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
+        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
+    }[arch]
+    torch.manual_seed(0)
+    config = config_cls(
+        **_BASE, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2
+    )
+    cls(config).save_pretrained(tmp_path / arch)
+    with caplog.at_level(logging.INFO, logger="pagedllm.compile"):
+        runner = _runner(tmp_path / arch, tmp_path, dtype)
+    assert isinstance(runner._forward, CompiledForward) and runner._forward.native is None
+    assert "single-sequence decode steps run the compiled graphs" in caplog.text and reason in caplog.text
+    tokens, _ = _generate(runner)
+    assert len(tokens) == MAX_TOKENS
