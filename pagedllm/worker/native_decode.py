@@ -3,12 +3,13 @@
 A step that decodes one token of one sequence is bound by reading every weight once. Through the
 compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
 allocations and the attention op's dispatch; `NativeDecoder` instead runs all decoder layers in one
-C call (bfloat16 weights, AVX512-BF16 matrix-vector products, the paged attention kernel), leaving
+C call (AVX-512 / AVX512-BF16 matrix-vector products, the paged attention kernel), leaving
 the embedding and the final norm to the model's modules. `CompiledForward` uses it for one-token
 steps where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
 
 Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding
-window) without biases or per-head norms, bfloat16 weights on a CPU with AVX512-BF16, and an
+window) without biases or per-head norms, float32 weights on an AVX-512 CPU or bfloat16 weights on
+one with AVX512-BF16, and an
 attention shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
 """
 
@@ -56,6 +57,9 @@ class _LlamaShape(ctypes.Structure):
     ]
 
 
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     lib = cpu_decode.load_native(
@@ -64,11 +68,19 @@ def _library() -> ctypes.CDLL | None:
         "native decode path",
         "single-sequence decode steps run the compiled graphs",
     )
-    if lib is None or not lib.native_decode_supported():
+    if lib is None:
         return None
-    lib.decode_layers_bf16.argtypes = [ctypes.c_void_p] * 8
-    lib.decode_layers_bf16.restype = ctypes.c_int
+    for suffix in _DTYPES.values():
+        getattr(lib, f"decode_layers_{suffix}").argtypes = [ctypes.c_void_p] * 8
+        getattr(lib, f"decode_layers_{suffix}").restype = ctypes.c_int
     return lib
+
+
+def _supports(dtype: torch.dtype) -> bool:
+    """Whether the native library built here serves weights of `dtype` (float32 needs AVX-512,
+    bfloat16 also AVX512-BF16)."""
+    lib = _library()
+    return lib is not None and dtype in _DTYPES and bool(lib.native_decode_supported(dtype == torch.bfloat16))
 
 
 def _unsupported(model: nn.Module) -> str | None:
@@ -76,8 +88,13 @@ def _unsupported(model: nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList) or not all(type(layer) is LlamaDecoderLayer for layer in layers):
         return f"{type(model).__name__} is not made of Llama decoder layers"
-    if any(p.device.type != "cpu" or p.dtype != torch.bfloat16 for p in layers.parameters()):
-        return "its decoder weights are not bfloat16 on the CPU"
+    dtypes = {p.dtype for p in layers.parameters()}
+    if (
+        any(p.device.type != "cpu" for p in layers.parameters())
+        or len(dtypes) != 1
+        or not dtypes <= set(_DTYPES)
+    ):
+        return "its decoder weights are not all float32 or all bfloat16 on the CPU"
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         modules = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
@@ -100,9 +117,10 @@ def _unsupported(model: nn.Module) -> str | None:
 class NativeDecoder:
     """`(input_ids, positions) -> hidden_states` for a one-token step of decodes only."""
 
-    def __init__(self, model: nn.Module, lib: ctypes.CDLL) -> None:
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
         self.model = model.model  # type: ignore[union-attr]
-        self.fn = lib.decode_layers_bf16
+        self.dtype = dtype
+        self.fn = getattr(_library(), f"decode_layers_{_DTYPES[dtype]}")
         layers = self.model.layers
         first = layers[0].self_attn
         config = model.config  # type: ignore[union-attr]
@@ -121,11 +139,9 @@ class NativeDecoder:
             layers[0].input_layernorm.variance_epsilon,
         )
         hidden, q_size, qkv_size = config.hidden_size, first.q_size, first.q_size + 2 * first.kv_size
-        self.h = torch.empty(hidden, dtype=torch.bfloat16)
+        self.h = torch.empty(hidden, dtype=dtype)
         self.residual = torch.empty(hidden, dtype=torch.float32)
-        self.scratch = torch.empty(
-            hidden + qkv_size + q_size + 3 * config.intermediate_size, dtype=torch.bfloat16
-        )
+        self.scratch = torch.empty(hidden + qkv_size + q_size + 3 * config.intermediate_size, dtype=dtype)
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
         self._tensors: tuple[torch.Tensor, ...] = ()
@@ -136,15 +152,17 @@ class NativeDecoder:
     def for_model(cls, model: nn.Module) -> NativeDecoder | None:
         """The decoder for `model`, or None (logged) where the native path cannot run it."""
         reason = _unsupported(model)
-        lib = _library() if reason is None else None
-        if reason is None and lib is None:
-            reason = "the native library is unavailable (no C compiler, or no AVX512-BF16)"
+        dtype = next(model.model.layers.parameters()).dtype if reason is None else None  # type: ignore[union-attr]
+        if dtype is not None and not _supports(dtype):
+            reason = (
+                f"the native library does not serve {dtype} here (no C compiler, or no AVX-512 / AVX512-BF16)"
+            )
         if reason is not None:
             logger.info("single-sequence decode steps run the compiled graphs: %s", reason)
             return None
-        assert lib is not None
+        assert dtype is not None
         logger.info("single-sequence decode steps run natively (one call for all decoder layers)")
-        return cls(model, lib)
+        return cls(model, dtype)
 
     def _layer_tensors(self) -> tuple[torch.Tensor, ...]:
         return tuple(
@@ -173,11 +191,11 @@ class NativeDecoder:
         tensors = self._layer_tensors()
         if cache.dim() != 5 or any(c.shape != cache.shape for c in tensors[6::7]):
             return False
-        probe = torch.empty(1, self.num_heads, self.head_size, dtype=torch.bfloat16)
+        probe = torch.empty(1, self.num_heads, self.head_size, dtype=self.dtype)
         kv_probe = probe[:, : self.num_kv_heads]
-        if not all(
-            t.is_contiguous() and t.dtype == torch.bfloat16 for t in tensors
-        ) or not cpu_decode.supports(probe, kv_probe, kv_probe, cache, self.num_heads, self.num_kv_heads):
+        if not all(t.is_contiguous() and t.dtype == self.dtype for t in tensors) or not cpu_decode.supports(
+            probe, kv_probe, kv_probe, cache, self.num_heads, self.num_kv_heads
+        ):
             return False
         # Kept alive with the table of their addresses.
         self._tensors = tensors
@@ -213,5 +231,5 @@ class NativeDecoder:
         )
         if status != 0:
             raise RuntimeError(f"native decode rejected the model's shapes (status {status})")
-        hidden, _ = self.model.norm(self.h[None], self.residual[None].to(torch.bfloat16))
+        hidden, _ = self.model.norm(self.h[None], self.residual[None].to(self.dtype))
         return hidden

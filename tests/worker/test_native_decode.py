@@ -21,7 +21,8 @@ from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(
-    native_decode._library() is None, reason="the native decode path needs a C compiler and AVX512-BF16"
+    not native_decode._supports(torch.bfloat16),
+    reason="the native decode path needs a C compiler and AVX512-BF16",
 )
 
 _BASE: dict[str, Any] = dict(
@@ -85,10 +86,12 @@ def _generate(
     return tokens, logprobs
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_native_decode_matches_transformers(name: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("name", "dtype"), [*((name, "bfloat16") for name in MODELS), ("llama-odd-widths", "float32")]
+)
+def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Path) -> None:
     model_dir = _save(name, tmp_path / name)
-    runner = _runner(model_dir, tmp_path)
+    runner = _runner(model_dir, tmp_path, dtype)
     forward = runner._forward
     assert isinstance(forward, CompiledForward) and forward.native is not None
     native = forward.native
@@ -142,7 +145,7 @@ def _check_against_reference(
     ("arch", "dtype", "reason"),
     [
         ("qwen2", "bfloat16", "biases"),
-        ("llama", "float32", "not bfloat16"),
+        ("llama", "float16", "not all float32 or all bfloat16"),
     ],
 )
 def test_models_the_path_cannot_run_keep_the_graphs(
