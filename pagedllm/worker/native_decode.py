@@ -3,14 +3,14 @@
 A step that decodes one token of one sequence is bound by reading every weight once. Through the
 compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
 allocations and the attention op's dispatch; `NativeDecoder` instead runs all decoder layers in one
-C call (AVX-512 / AVX512-BF16 matrix-vector products, the paged attention kernel), leaving
-the embedding and the final norm to the model's modules. `CompiledForward` uses it for one-token
-steps where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
+C call (AVX-512 / AVX512-BF16 matrix-vector products, the paged attention kernel), leaving the
+embedding and the final norm to the model's modules. `CompiledForward` uses it for one-token steps
+where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
 
-Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding
-window) without biases or per-head norms, float32 weights on an AVX-512 CPU or bfloat16 weights on
-one with AVX512-BF16, and an
-attention shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
+Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding window)
+without biases or per-head norms, float32 weights on an AVX-512 CPU or bfloat16 weights on one with
+AVX512-BF16, and an attention shape the decode-attention kernel serves. Anything else keeps the
+compiled graphs.
 """
 
 from __future__ import annotations
@@ -206,19 +206,21 @@ class NativeDecoder:
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The hidden states of a one-token step, or None where this step needs the graphs (it has
-        a prompt, or the caches do not suit the kernel)."""
+        """The hidden states of a one-token step, or None where it runs the graphs: without attention
+        metadata (a warm-up or profiling run), or with caches the attention kernel cannot serve."""
         md = get_forward_context().attn_metadata
         if md is None or not self._bind():
             return None
         step = native_decode_step(md, self._tensors[6].shape[3], self.window)
-        if step is None or step.args.num_reqs != 1:
-            return None
+        assert step is not None and self._layout is not None  # one token: one decode, no prompt
+        table = self.rotary.cos_sin_cache
+        position = int(positions[0])
+        if not 0 <= position < table.shape[0]:  # the C code would read past the table
+            raise IndexError(f"position {position} is outside the rotary table ({table.shape[0]} rows)")
         embedded = self.model.embed_tokens(input_ids)
         self.h.copy_(embedded[0])
         self.residual.copy_(embedded[0])
-        table = self.rotary.cos_sin_cache
-        row = table.data_ptr() + int(positions[0]) * table.stride(0) * table.element_size()
+        row = table.data_ptr() + position * table.stride(0) * table.element_size()
         status = self.fn(
             ctypes.byref(self.shape),
             self._layers,
@@ -227,7 +229,7 @@ class NativeDecoder:
             self.scratch.data_ptr(),
             row,
             step.pointer,
-            self._layout.pointer if self._layout is not None else None,
+            self._layout.pointer,
         )
         if status != 0:
             raise RuntimeError(f"native decode rejected the model's shapes (status {status})")
