@@ -149,14 +149,9 @@ INLINE int decode_layers(const LlamaShape *shape, const LlamaLayer *layers, void
         add_rms_norm(residual, h, layer->input_norm, x, H, shape->eps, l > 0, bf16);
         matvec(layer->qkv, x, qkv, qkv_size, H, bf16);
         rotate(qkv, shape->num_heads + shape->num_kv_heads, D, cos_sin, bf16);
-        char *k_cache = layer->kv_cache, *v_cache = (char *)layer->kv_cache + attn->v_offset * elem;
-        write_kv(qkv + q_size * elem, kv_size, qkv + (q_size + kv_size) * elem, kv_size, k_cache, v_cache,
-                 step->slots, step->num_slots, attn->num_kv_heads, attn->block_size, D, elem);
-        const DecodeArgs a = {qkv,          k_cache,       v_cache,           out,
-                              step->tables, step->q_rows,  step->table_rows,  step->seq_lens,
-                              qkv_size,     q_size,        step->table_stride, attn->num_kv_heads,
-                              attn->num_heads / attn->num_kv_heads, attn->block_size, attn->window, attn->scale};
-        const int status = paged_decode(&a, step->num_reqs, D, bf16);
+        /* q, k and v are the three parts of the one fused qkv row. */
+        const int status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
+                                        qkv_size, layer->kv_cache, out, q_size, step, attn, bf16);
         if (status) return status;
         matvec(layer->o, out, h, H, q_size, bf16);
         add_rms_norm(residual, h, layer->post_norm, x, H, shape->eps, 1, bf16);

@@ -128,7 +128,6 @@ class NativeDecoder:
         self.head_size = first.head_dim
         self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
         self.window = first.attn.impl.sliding_window
-        self.scale = first.attn.impl.scale
         self.shape = _LlamaShape(
             config.hidden_size,
             config.intermediate_size,
@@ -191,18 +190,20 @@ class NativeDecoder:
         tensors = self._layer_tensors()
         if cache.dim() != 5 or any(c.shape != cache.shape for c in tensors[6::7]):
             return False
+        if not all(t.is_contiguous() and t.dtype == self.dtype for t in tensors):
+            return False
+        # The attention layers' own test and layout, on tensors shaped as this path passes them.
         probe = torch.empty(1, self.num_heads, self.head_size, dtype=self.dtype)
         kv_probe = probe[:, : self.num_kv_heads]
-        if not all(t.is_contiguous() and t.dtype == self.dtype for t in tensors) or not cpu_decode.supports(
-            probe, kv_probe, kv_probe, cache, self.num_heads, self.num_kv_heads
-        ):
+        layout = self.model.layers[0].self_attn.attn.impl.native_layout(probe, kv_probe, kv_probe, cache)
+        if not isinstance(layout, cpu_decode.DecodeLayout):
             return False
         # Kept alive with the table of their addresses.
         self._tensors = tensors
         self._layers = (_LlamaLayer * len(self.model.layers))(
             *(_LlamaLayer(*(t.data_ptr() for t in tensors[i : i + 7])) for i in range(0, len(tensors), 7))
         )
-        self._layout = cpu_decode.DecodeLayout(self.num_heads, cache, self.scale, self.window or 0)
+        self._layout = layout
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:

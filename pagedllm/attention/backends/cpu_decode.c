@@ -406,19 +406,26 @@ typedef struct {
 
 /* One layer's decode attention: stores the step's new keys and values (if num_slots), then attends
  * each decode request's query row. The cache is [2, num_blocks, num_kv_heads, block_size, head]. */
+static int attend_layer(const void *q, int64_t q_stride, const void *key, int64_t key_stride, const void *value,
+                        int64_t value_stride, void *cache, void *out, int64_t out_stride, const StepArgs *s,
+                        const LayerArgs *l, int bf16) {
+    const int64_t elem = bf16 ? 2 : 4;
+    char *k_cache = cache, *v_cache = (char *)cache + l->v_offset * elem;
+    if (s->num_slots)
+        write_kv(key, key_stride, value, value_stride, k_cache, v_cache, s->slots, s->num_slots, l->num_kv_heads,
+                 l->block_size, l->head_size, elem);
+    const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows, s->seq_lens,
+                          q_stride, out_stride, s->table_stride, l->num_kv_heads, l->num_heads / l->num_kv_heads,
+                          l->block_size, l->window, l->scale};
+    return paged_decode(&a, s->num_reqs, l->head_size, bf16);
+}
+
 #define EXPORT(NAME, BF16)                                                                            \
     int NAME(const void *q, int64_t q_stride, const void *key, int64_t key_stride, const void *value, \
              int64_t value_stride, void *cache, void *out, int64_t out_stride, const StepArgs *s,     \
              const LayerArgs *l) {                                                                    \
-        const int64_t elem = BF16 ? 2 : 4;                                                            \
-        char *k_cache = cache, *v_cache = (char *)cache + l->v_offset * elem;                         \
-        if (s->num_slots)                                                                             \
-            write_kv(key, key_stride, value, value_stride, k_cache, v_cache, s->slots, s->num_slots,  \
-                     l->num_kv_heads, l->block_size, l->head_size, elem);                             \
-        const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows,          \
-                              s->seq_lens, q_stride, out_stride, s->table_stride, l->num_kv_heads,    \
-                              l->num_heads / l->num_kv_heads, l->block_size, l->window, l->scale};    \
-        return paged_decode(&a, s->num_reqs, l->head_size, BF16);                                     \
+        return attend_layer(q, q_stride, key, key_stride, value, value_stride, cache, out, out_stride, s, l,  \
+                            BF16);                                                                     \
     }
 
 EXPORT(decode_layer_f32, 0)

@@ -275,7 +275,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
         # step for all the layers of this impl (the same graph's tensors, caches allocated alike).
         layout = md.backend_cache.get(self)
         if layout is None:
-            layout = self._native_layout(query, key, value, kv_cache)
+            layout = self.native_layout(query, key, value, kv_cache)
             md.backend_cache[self] = layout
         native = layout is not False
         plan = _step_plan(md, block_size, self.sliding_window, query.device, native)
@@ -305,7 +305,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
             self._decode(query, key, value, kv_cache, plan.decode, layout, out)
         return out
 
-    def _native_layout(
+    def native_layout(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor
     ) -> cpu_decode.DecodeLayout | bool:
         """The kernel's view of this layer, or False where the native kernel cannot serve it."""
