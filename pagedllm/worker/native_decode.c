@@ -28,10 +28,12 @@
 #define HAVE_BF16 0
 #endif
 
-/* One decoder layer's parameters (contiguous, of the model's element type) and its KV cache. */
+/* One decoder layer's parameters (contiguous, of the model's element type) and its KV cache. The
+ * projections' biases and the per-head q/k norms (Qwen3) are NULL where the model has none. */
 typedef struct {
     const void *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
     void *kv_cache;
+    const void *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm;
 } LlamaLayer;
 
 typedef struct {
@@ -68,10 +70,11 @@ INLINE __m512 dot_pairs(__m512 acc, const uint16_t *w, const uint16_t *x, int64_
 #endif
 
 #if HAVE_F32
-/* y = W x rounded to the element type: W [n, k] row-major. Rows go 16 to a work item, each row read
- * start to end (the hardware prefetcher follows one stream per thread), two accumulators per row;
- * the 16 rows' lane sums come out of one transpose-sum. */
-INLINE void matvec(const void *W, const void *x, void *y, int64_t n, int64_t k, const int bf16) {
+/* y = W x (+ bias, if not NULL) rounded to the element type once, as a linear layer rounds: W [n, k]
+ * row-major. Rows go 16 to a work item, each row read start to end (the hardware prefetcher follows
+ * one stream per thread), two accumulators per row; the 16 rows' lane sums come out of one
+ * transpose-sum. */
+INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int64_t n, int64_t k, const int bf16) {
     const int64_t tiles = (n + LANES - 1) / LANES, step = bf16 ? 32 : 16;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
@@ -96,23 +99,37 @@ INLINE void matvec(const void *W, const void *x, void *y, int64_t n, int64_t k, 
             memcpy(&acc[r], &s, sizeof s);
         }
         const vec sums = sum_lanes16(acc);
-        for (int64_t r = 0; r < rows; r++) store_row(y, t * LANES + r, sums[r], bf16);
+        for (int64_t r = 0; r < rows; r++)
+            store_row(y, t * LANES + r, bias ? sums[r] + get(bias, t * LANES + r, bf16) : sums[r], bf16);
     }
 }
 #endif
 
-/* residual += h (if add; the residual stream is of the element type), then x = RMSNorm(residual) *
- * w, rounded as the module does: the normalized value to the element type, then its product with
- * the weight. */
+/* x = RMSNorm(v) * w (v: n floats holding values of the element type), rounded as the module does:
+ * the normalized value to the element type, then its product with the weight. */
+INLINE void rms_norm(const float *v, const void *w, void *x, int64_t n, float eps, const int bf16) {
+    float squares = 0.0f;
+    for (int64_t i = 0; i < n; i++) squares += v[i] * v[i];
+    const float inv = 1.0f / sqrtf(squares / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) store_row(x, i, rnd(v[i] * inv, bf16) * get(w, i, bf16), bf16);
+}
+
+/* residual += h (if add; the residual stream is of the element type), then x = RMSNorm(residual) * w. */
 INLINE void add_rms_norm(float *residual, const void *h, const void *w, void *x, int64_t n, float eps, int add,
                          const int bf16) {
-    float squares = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        if (add) residual[i] = rnd(residual[i] + get(h, i, bf16), bf16);
-        squares += residual[i] * residual[i];
+    if (add)
+        for (int64_t i = 0; i < n; i++) residual[i] = rnd(residual[i] + get(h, i, bf16), bf16);
+    rms_norm(residual, w, x, n, eps, bf16);
+}
+
+/* RMSNorm of each of the `heads` heads of size d (<= MAX_HEAD) at x, in place, weight w [d]. */
+INLINE void head_norms(char *x, int64_t heads, int64_t d, const void *w, float eps, const int bf16) {
+    float v[MAX_HEAD];
+    for (int64_t h = 0; h < heads; h++) {
+        char *head = x + h * d * (bf16 ? 2 : 4);
+        for (int64_t i = 0; i < d; i++) v[i] = get(head, i, bf16);
+        rms_norm(v, w, head, d, eps, bf16);
     }
-    const float inv = 1.0f / sqrtf(squares / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) store_row(x, i, rnd(residual[i] * inv, bf16) * get(w, i, bf16), bf16);
 }
 
 /* Neox-style rotation of `heads` heads of size d at x by the position's cos/sin row (float, cos
@@ -147,17 +164,21 @@ INLINE int decode_layers(const LlamaShape *shape, const LlamaLayer *layers, void
     for (int64_t l = 0; l < shape->num_layers; l++) {
         const LlamaLayer *layer = layers + l;
         add_rms_norm(residual, h, layer->input_norm, x, H, shape->eps, l > 0, bf16);
-        matvec(layer->qkv, x, qkv, qkv_size, H, bf16);
+        matvec(layer->qkv, layer->qkv_bias, x, qkv, qkv_size, H, bf16);
+        if (layer->q_norm) {
+            head_norms(qkv, shape->num_heads, D, layer->q_norm, shape->eps, bf16);
+            head_norms(qkv + q_size * elem, shape->num_kv_heads, D, layer->k_norm, shape->eps, bf16);
+        }
         rotate(qkv, shape->num_heads + shape->num_kv_heads, D, cos_sin, bf16);
         /* q, k and v are the three parts of the one fused qkv row. */
         const int status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
                                         qkv_size, layer->kv_cache, out, q_size, step, attn, bf16);
         if (status) return status;
-        matvec(layer->o, out, h, H, q_size, bf16);
+        matvec(layer->o, layer->o_bias, out, h, H, q_size, bf16);
         add_rms_norm(residual, h, layer->post_norm, x, H, shape->eps, 1, bf16);
-        matvec(layer->gate_up, x, gate_up, 2 * I, H, bf16);
+        matvec(layer->gate_up, layer->gate_up_bias, x, gate_up, 2 * I, H, bf16);
         silu_and_mul(gate_up, act, I, bf16);
-        matvec(layer->down, act, h, H, I, bf16);
+        matvec(layer->down, layer->down_bias, act, h, H, I, bf16);
     }
     return 0;
 }

@@ -7,8 +7,8 @@ C call (AVX-512 / AVX512-BF16 matrix-vector products, the paged attention kernel
 embedding and the final norm to the model's modules. `CompiledForward` uses it for one-token steps
 where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
 
-Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding window)
-without biases or per-head norms, float32 weights on an AVX-512 CPU or bfloat16 weights on one with
+Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding window,
+Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms), float32 weights on an AVX-512 CPU or bfloat16 weights on one with
 AVX512-BF16, and an attention shape the decode-attention kernel serves. Anything else keeps the
 compiled graphs.
 """
@@ -28,6 +28,7 @@ from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, nat
 from pagedllm.forward_context import get_forward_context
 from pagedllm.layers.activation import SiluAndMul
 from pagedllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.llama import LlamaDecoderLayer
 
@@ -41,7 +42,10 @@ class _LlamaLayer(ctypes.Structure):
 
     _fields_ = [
         (name, ctypes.c_void_p)
-        for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "kv_cache")
+        for name in (
+            *("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "kv_cache"),
+            *("qkv_bias", "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm"),
+        )
     ]
 
 
@@ -101,8 +105,6 @@ def _unsupported(model: nn.Module) -> str | None:
         kinds = (QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear, RowParallelLinear)
         if any(type(m) is not kind for m, kind in zip(modules, kinds)):
             return "its projections are not plain linear layers (LoRA or quantized)"
-        if any(m.bias is not None for m in modules) or attn.q_norm is not None:
-            return "its layers have biases or per-head norms"
         if type(attn.rotary_emb) is not RotaryEmbedding or type(mlp.act_fn) is not SiluAndMul:
             return "its layers use another rotary embedding or activation"
         if attn.qkv_proj.weight.shape[0] != attn.q_size + 2 * attn.kv_size:
@@ -111,6 +113,9 @@ def _unsupported(model: nn.Module) -> str | None:
             return "its attention backend is not the CPU paged backend"
     if len({layer.self_attn.attn.impl.sliding_window for layer in layers}) > 1:
         return "its layers have different sliding windows"
+    # The C code takes one epsilon for every norm of the layers.
+    if len({m.variance_epsilon for m in layers.modules() if isinstance(m, RMSNorm)}) > 1:
+        return "its norms have different epsilons"
     return None
 
 
@@ -143,7 +148,7 @@ class NativeDecoder:
         self.scratch = torch.empty(hidden + qkv_size + q_size + 3 * config.intermediate_size, dtype=dtype)
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
-        self._tensors: tuple[torch.Tensor, ...] = ()
+        self._tensors: list[torch.Tensor] = []
         self._layers: ctypes.Array[_LlamaLayer] | None = None
         self._layout: cpu_decode.DecodeLayout | None = None
 
@@ -163,20 +168,26 @@ class NativeDecoder:
         logger.info("single-sequence decode steps run natively (one call for all decoder layers)")
         return cls(model, dtype)
 
-    def _layer_tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(
-            t
-            for layer in self.model.layers
-            for t in (
-                layer.input_layernorm.weight,
-                layer.self_attn.qkv_proj.weight,
-                layer.self_attn.o_proj.weight,
-                layer.post_attention_layernorm.weight,
-                layer.mlp.gate_up_proj.weight,
-                layer.mlp.down_proj.weight,
-                layer.self_attn.attn.kv_cache,
+    def _layer_tensors(self) -> list[tuple[torch.Tensor | None, ...]]:
+        """Each layer's tensors in `_LlamaLayer`'s order (None: a bias or norm the model lacks)."""
+        rows = []
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            rows.append(
+                (
+                    layer.input_layernorm.weight,
+                    attn.qkv_proj.weight,
+                    attn.o_proj.weight,
+                    layer.post_attention_layernorm.weight,
+                    mlp.gate_up_proj.weight,
+                    mlp.down_proj.weight,
+                    attn.attn.kv_cache,
+                    *(m.bias for m in projections),
+                    *(norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm)),
+                )
             )
-        )
+        return rows
 
     def _bind(self) -> bool:
         """Point the C layer table at the weights and the KV caches, once they are bound and again
@@ -187,10 +198,11 @@ class NativeDecoder:
         if cache is self._cache:
             return self._layout is not None
         self._cache, self._layout = cache, None
-        tensors = self._layer_tensors()
-        if cache.dim() != 5 or any(c.shape != cache.shape for c in tensors[6::7]):
+        rows = self._layer_tensors()
+        if cache.dim() != 5 or any(row[6].shape != cache.shape for row in rows):  # type: ignore[union-attr]
             return False
-        if not all(t.is_contiguous() and t.dtype == self.dtype for t in tensors):
+        present = [t for row in rows for t in row if t is not None]
+        if not all(t.is_contiguous() and t.dtype == self.dtype for t in present):
             return False
         # The attention layers' own test and layout, on tensors shaped as this path passes them.
         probe = torch.empty(1, self.num_heads, self.head_size, dtype=self.dtype)
@@ -199,9 +211,9 @@ class NativeDecoder:
         if not isinstance(layout, cpu_decode.DecodeLayout):
             return False
         # Kept alive with the table of their addresses.
-        self._tensors = tensors
-        self._layers = (_LlamaLayer * len(self.model.layers))(
-            *(_LlamaLayer(*(t.data_ptr() for t in tensors[i : i + 7])) for i in range(0, len(tensors), 7))
+        self._tensors = present
+        self._layers = (_LlamaLayer * len(rows))(
+            *(_LlamaLayer(*(t.data_ptr() if t is not None else None for t in row)) for row in rows)
         )
         self._layout = layout
         return True
@@ -212,8 +224,9 @@ class NativeDecoder:
         md = get_forward_context().attn_metadata
         if md is None or not self._bind():
             return None
-        step = native_decode_step(md, self._tensors[6].shape[3], self.window)
-        assert step is not None and self._layout is not None  # one token: one decode, no prompt
+        assert self._cache is not None and self._layout is not None
+        step = native_decode_step(md, self._cache.shape[3], self.window)
+        assert step is not None  # one token: one decode, no prompt
         table = self.rotary.cos_sin_cache
         position = int(positions[0])
         if not 0 <= position < table.shape[0]:  # the C code would read past the table

@@ -1,6 +1,7 @@
 """The native single-sequence decode path: every decode step's greedy pick and logprob against
-transformers on the same tokens (as the compiled graphs it replaces), with odd matrix shapes and a
-sliding window; models it cannot run keep the graphs."""
+transformers on the same tokens (as the compiled graphs it replaces), with odd matrix shapes, a
+sliding window, biases on every projection and per-head q/k norms; models it cannot run keep the
+graphs."""
 
 from __future__ import annotations
 
@@ -39,15 +40,27 @@ _ODD: dict[str, Any] = dict(
 )
 MODELS: dict[str, tuple[type, Any]] = {
     "llama-odd-widths": (transformers.LlamaForCausalLM, transformers.LlamaConfig(**_BASE, **_ODD)),
-    "llama-gqa": (
+    "llama-gqa-mlp-bias": (
         transformers.LlamaForCausalLM,
         transformers.LlamaConfig(
-            **_BASE, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2
+            **_BASE,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mlp_bias=True,
         ),
     ),
     "mistral-window12": (
         transformers.MistralForCausalLM,
         transformers.MistralConfig(**_BASE, **_ODD, sliding_window=12),
+    ),
+    # q/k/v biases.
+    "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**_BASE, **_ODD)),
+    # Per-head q/k norms; with attention_bias, biases on q/k/v and o.
+    "qwen3-attention-bias": (
+        transformers.Qwen3ForCausalLM,
+        transformers.Qwen3Config(**_BASE, **_ODD, attention_bias=True),
     ),
 }
 PROMPT = [(7 * i + 3) % 256 for i in range(30)]
@@ -57,7 +70,14 @@ MAX_TOKENS = 16
 def _save(name: str, path: Path) -> Path:
     cls, config = MODELS[name]
     torch.manual_seed(0)
-    cls(config).save_pretrained(path)
+    model = cls(config)
+    # transformers initializes biases to 0 and norm weights to 1, which would hide a path that
+    # skips either.
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.normal_(1.0 if "norm" in param_name else 0.0, 0.2)
+    model.save_pretrained(path)
     return path
 
 
@@ -141,28 +161,12 @@ def _check_against_reference(
     torch.testing.assert_close(torch.tensor(logprobs), chosen, atol=TIE, rtol=0)
 
 
-@pytest.mark.parametrize(
-    ("arch", "dtype", "reason"),
-    [
-        ("qwen2", "bfloat16", "biases"),
-        ("llama", "float16", "not all float32 or all bfloat16"),
-    ],
-)
-def test_models_the_path_cannot_run_keep_the_graphs(
-    arch: str, dtype: str, reason: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    cls, config_cls = {
-        "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config),
-        "llama": (transformers.LlamaForCausalLM, transformers.LlamaConfig),
-    }[arch]
-    torch.manual_seed(0)
-    config = config_cls(
-        **_BASE, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2
-    )
-    cls(config).save_pretrained(tmp_path / arch)
+def test_models_the_path_cannot_run_keep_the_graphs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _save("llama-gqa-mlp-bias", tmp_path / "llama")
     with caplog.at_level(logging.INFO, logger="pagedllm.compile"):
-        runner = _runner(tmp_path / arch, tmp_path, dtype)
+        runner = _runner(tmp_path / "llama", tmp_path, "float16")
     assert isinstance(runner._forward, CompiledForward) and runner._forward.native is None
-    assert "single-sequence decode steps run the compiled graphs" in caplog.text and reason in caplog.text
+    assert "single-sequence decode steps run the compiled graphs" in caplog.text
+    assert "not all float32 or all bfloat16" in caplog.text
     tokens, _ = _generate(runner)
     assert len(tokens) == MAX_TOKENS
