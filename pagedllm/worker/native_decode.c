@@ -1,12 +1,14 @@
-/* One decode token through every decoder layer of a Llama-family model, in one call: float32 or
- * bfloat16 weights (AVX-512 / AVX512-BF16 matrix-vector products), the paged attention kernel of
- * cpu_decode.c.
+/* One decode token of a Llama-family model from its token id to its final hidden states, in one
+ * call: float32 or bfloat16 weights (AVX-512 / AVX512-BF16 matrix-vector products), the paged
+ * attention kernel of cpu_decode.c.
  *
  * A single-sequence decode step reads every weight once for one token: it is bound by memory
  * bandwidth, and through compiled graphs it also pays, per layer, the Python of a graph call, its
  * buffer allocations and the attention op's dispatch, with both threads waiting at each hand-off.
  * Here a layer is four matrix-vector products (one parallel loop each, every row read start to end
- * so each thread streams one contiguous range) and a few vector operations between them.
+ * so each thread streams one contiguous range) and a few vector operations between them. The
+ * embedding row and the final norm are here too: after the weights streamed through every cache,
+ * the dozen tensor ops they took in Python cost ~0.5 ms of cache misses a step.
  *
  * Numerics follow the model's modules: every tensor they would produce (normed input, projections,
  * rotated q/k, attention output, activation, residual sums) is rounded to the element type where
@@ -36,10 +38,14 @@ typedef struct {
     const void *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm;
 } LlamaLayer;
 
+/* The model: its shapes, the one epsilon of all its norms, its token embedding [vocab, hidden], final
+ * norm and decoder layers. */
 typedef struct {
-    int64_t hidden, intermediate, num_heads, num_kv_heads, head_size, num_layers;
+    int64_t hidden, intermediate, num_heads, num_kv_heads, head_size, num_layers, vocab;
     float eps;
-} LlamaShape;
+    const void *embedding, *final_norm;
+    const LlamaLayer *layers;
+} LlamaModel;
 
 /* Whether this build has the decode path for bfloat16 (bf16 != 0) or float32 weights. */
 int native_decode_supported(int bf16) { return bf16 ? HAVE_BF16 : HAVE_F32; }
@@ -146,61 +152,76 @@ INLINE void rotate(void *x, int64_t heads, int64_t d, const float *cos_sin, cons
     }
 }
 
-/* gate_up [2 * n] -> out [n]: silu(gate) * up, silu's result rounded to the element type first. */
+/* gate_up [2 * n] -> out [n]: silu(gate) * up, silu's result rounded to the element type first.
+ * 16 at a time: libm's scalar expf took ~12 us of a layer. The sigmoid takes e^-|g| (<= 1, the
+ * kernel's vector exponential) as 1 / (1 + e) for g >= 0 and e / (1 + e) below. */
 INLINE void silu_and_mul(const void *gate_up, void *out, int64_t n, const int bf16) {
-    for (int64_t i = 0; i < n; i++) {
-        const float g = get(gate_up, i, bf16);
-        store_row(out, i, rnd(g / (1.0f + expf(-g)), bf16) * get(gate_up, n + i, bf16), bf16);
+    for (int64_t i = 0; i < n; i += LANES) {
+        const int64_t m = n - i < LANES ? n - i : LANES;
+        vec g = {0};
+        for (int64_t j = 0; j < m; j++) g[j] = get(gate_up, i + j, bf16);
+        const vec e = exp_nonpositive_vec(select_vec(g < 0.0f, g, -g));
+        const vec silu = g * select_vec(g < 0.0f, e, (vec){0} + 1.0f) / (1.0f + e);
+        for (int64_t j = 0; j < m; j++) store_row(out, i + j, rnd(silu[j], bf16) * get(gate_up, n + i + j, bf16), bf16);
     }
 }
 
 #if HAVE_F32
-INLINE int decode_layers(const LlamaShape *shape, const LlamaLayer *layers, void *h, float *residual, void *scratch,
-                         const float *cos_sin, const StepArgs *step, const LayerArgs *attn, const int bf16) {
-    const int64_t elem = bf16 ? 2 : 4, H = shape->hidden, I = shape->intermediate, D = shape->head_size;
-    const int64_t q_size = shape->num_heads * D, kv_size = shape->num_kv_heads * D, qkv_size = q_size + 2 * kv_size;
-    char *x = scratch, *qkv = x + H * elem, *out = qkv + qkv_size * elem, *gate_up = out + q_size * elem;
-    char *act = gate_up + 2 * I * elem;
-    for (int64_t l = 0; l < shape->num_layers; l++) {
-        const LlamaLayer *layer = layers + l;
-        add_rms_norm(residual, h, layer->input_norm, x, H, shape->eps, l > 0, bf16);
+INLINE int decode_step(const LlamaModel *m, const int64_t *token, const int64_t *position, const float *cos_sin,
+                       int64_t rotary_rows, void *out, float *residual, void *scratch, const StepArgs *step,
+                       const LayerArgs *attn, const int bf16) {
+    if (*token < 0 || *token >= m->vocab) return -4;
+    if (*position < 0 || *position >= rotary_rows) return -5;
+    const int64_t elem = bf16 ? 2 : 4, H = m->hidden, I = m->intermediate, D = m->head_size;
+    const int64_t q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_size = q_size + 2 * kv_size;
+    char *h = scratch, *x = h + H * elem, *qkv = x + H * elem, *attn_out = qkv + qkv_size * elem;
+    char *gate_up = attn_out + q_size * elem, *act = gate_up + 2 * I * elem;
+    const float *rotation = cos_sin + *position * D;
+    memcpy(h, (const char *)m->embedding + *token * H * elem, (size_t)(H * elem));
+    for (int64_t i = 0; i < H; i++) residual[i] = get(h, i, bf16);
+    for (int64_t l = 0; l < m->num_layers; l++) {
+        const LlamaLayer *layer = m->layers + l;
+        add_rms_norm(residual, h, layer->input_norm, x, H, m->eps, l > 0, bf16);
         matvec(layer->qkv, layer->qkv_bias, x, qkv, qkv_size, H, bf16);
         if (layer->q_norm) {
-            head_norms(qkv, shape->num_heads, D, layer->q_norm, shape->eps, bf16);
-            head_norms(qkv + q_size * elem, shape->num_kv_heads, D, layer->k_norm, shape->eps, bf16);
+            head_norms(qkv, m->num_heads, D, layer->q_norm, m->eps, bf16);
+            head_norms(qkv + q_size * elem, m->num_kv_heads, D, layer->k_norm, m->eps, bf16);
         }
-        rotate(qkv, shape->num_heads + shape->num_kv_heads, D, cos_sin, bf16);
+        rotate(qkv, m->num_heads + m->num_kv_heads, D, rotation, bf16);
         /* q, k and v are the three parts of the one fused qkv row. */
         const int status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
-                                        qkv_size, layer->kv_cache, out, q_size, step, attn, bf16);
+                                        qkv_size, layer->kv_cache, attn_out, q_size, step, attn, bf16);
         if (status) return status;
-        matvec(layer->o, layer->o_bias, out, h, H, q_size, bf16);
-        add_rms_norm(residual, h, layer->post_norm, x, H, shape->eps, 1, bf16);
+        matvec(layer->o, layer->o_bias, attn_out, h, H, q_size, bf16);
+        add_rms_norm(residual, h, layer->post_norm, x, H, m->eps, 1, bf16);
         matvec(layer->gate_up, layer->gate_up_bias, x, gate_up, 2 * I, H, bf16);
         silu_and_mul(gate_up, act, I, bf16);
         matvec(layer->down, layer->down_bias, act, h, H, I, bf16);
     }
+    add_rms_norm(residual, h, m->final_norm, out, H, m->eps, 1, bf16);
     return 0;
 }
 #endif
 
-/* The decoder layers for one token. In: `h` the token's embedding ([hidden] of the element type).
- * Out: `h` the last layer's output and `residual` (float, holding values of the element type) the
- * residual stream before it, for the final norm. `scratch` holds hidden + (q + 2 kv) + q + 3 *
- * intermediate elements. `cos_sin` is the token position's row of the rotary table. The step (one
- * decode request, its new key's slot) and the attention layout are cpu_decode.c's. Returns 0, or
- * non-zero where the shapes are not supported (check native_decode_supported first). */
-#define EXPORT_LAYERS(NAME, BF16, HAVE)                                                                       \
-    int NAME(const LlamaShape *shape, const LlamaLayer *layers, void *h, float *residual, void *scratch,       \
-             const float *cos_sin, const StepArgs *step, const LayerArgs *attn) {                              \
+/* The final hidden states of one decode token. In: the token id and its position (int64), the rotary
+ * table (float [rotary_rows, head_size]: each row cos then sin, head_size / 2 each). Out: `out`
+ * ([hidden] of the element type). `residual` (float [hidden]) holds the residual stream; `scratch`
+ * 2 * hidden + (q + 2 kv) + q + 3 * intermediate elements. The step (one decode request, its
+ * new key's slot) and the attention layout are cpu_decode.c's. Returns 0; -4 for a token id outside
+ * the vocabulary, -5 for a position outside the rotary table; other non-zero values where the shapes
+ * are not supported (check native_decode_supported first). */
+#define EXPORT_STEP(NAME, BF16, HAVE)                                                                         \
+    int NAME(const LlamaModel *m, const int64_t *token, const int64_t *position, const float *cos_sin,        \
+             int64_t rotary_rows, void *out, float *residual, void *scratch, const StepArgs *step,            \
+             const LayerArgs *attn) {                                                                         \
         if (!(HAVE)) return -3;                                                                               \
-        return decode_layers(shape, layers, h, residual, scratch, cos_sin, step, attn, BF16);                 \
+        return decode_step(m, token, position, cos_sin, rotary_rows, out, residual, scratch, step, attn, BF16); \
     }
 
 #if HAVE_F32
-EXPORT_LAYERS(decode_layers_f32, 0, HAVE_F32)
-EXPORT_LAYERS(decode_layers_bf16, 1, HAVE_BF16)
+EXPORT_STEP(decode_step_f32, 0, HAVE_F32)
+EXPORT_STEP(decode_step_bf16, 1, HAVE_BF16)
 #else
-int decode_layers_f32(void) { return -3; }
-int decode_layers_bf16(void) { return -3; }
+int decode_step_f32(void) { return -3; }
+int decode_step_bf16(void) { return -3; }
 #endif

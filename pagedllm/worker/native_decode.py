@@ -2,15 +2,15 @@
 
 A step that decodes one token of one sequence is bound by reading every weight once. Through the
 compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
-allocations and the attention op's dispatch; `NativeDecoder` instead runs all decoder layers in one
-C call (AVX-512 / AVX512-BF16 matrix-vector products, the paged attention kernel), leaving the
-embedding and the final norm to the model's modules. `CompiledForward` uses it for one-token steps
-where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
+allocations and the attention op's dispatch; `NativeDecoder` instead runs the whole model body in
+one C call, from the token's embedding row through every decoder layer (AVX-512 / AVX512-BF16
+matrix-vector products, the paged attention kernel) to the final norm. `CompiledForward` uses it for
+one-token steps where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
 
 Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding window,
-Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms), float32 weights on an AVX-512 CPU or bfloat16 weights on one with
-AVX512-BF16, and an attention shape the decode-attention kernel serves. Anything else keeps the
-compiled graphs.
+Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms), float32 weights on an AVX-512 CPU
+or bfloat16 weights on one with AVX512-BF16, and an attention shape the decode-attention kernel
+serves. Anything else keeps the compiled graphs.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pagedllm.attention.backends import cpu_decode
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, native_decode_step
 from pagedllm.forward_context import get_forward_context
 from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.embedding import VocabParallelEmbedding
 from pagedllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
@@ -49,15 +50,26 @@ class _LlamaLayer(ctypes.Structure):
     ]
 
 
-class _LlamaShape(ctypes.Structure):
-    """`LlamaShape` in native_decode.c."""
+class _LlamaModel(ctypes.Structure):
+    """`LlamaModel` in native_decode.c."""
 
     _fields_ = [
         *[
             (name, ctypes.c_int64)
-            for name in ("hidden", "intermediate", "num_heads", "num_kv_heads", "head_size", "num_layers")
+            for name in (
+                "hidden",
+                "intermediate",
+                "num_heads",
+                "num_kv_heads",
+                "head_size",
+                "num_layers",
+                "vocab",
+            )
         ],
         ("eps", ctypes.c_float),
+        ("embedding", ctypes.c_void_p),
+        ("final_norm", ctypes.c_void_p),
+        ("layers", ctypes.c_void_p),
     ]
 
 
@@ -75,8 +87,9 @@ def _library() -> ctypes.CDLL | None:
     if lib is None:
         return None
     for suffix in _DTYPES.values():
-        getattr(lib, f"decode_layers_{suffix}").argtypes = [ctypes.c_void_p] * 8
-        getattr(lib, f"decode_layers_{suffix}").restype = ctypes.c_int
+        fn = getattr(lib, f"decode_step_{suffix}")
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 5
+        fn.restype = ctypes.c_int
     return lib
 
 
@@ -113,8 +126,10 @@ def _unsupported(model: nn.Module) -> str | None:
             return "its attention backend is not the CPU paged backend"
     if len({layer.self_attn.attn.impl.sliding_window for layer in layers}) > 1:
         return "its layers have different sliding windows"
-    # The C code takes one epsilon for every norm of the layers.
-    if len({m.variance_epsilon for m in layers.modules() if isinstance(m, RMSNorm)}) > 1:
+    if type(model.model.embed_tokens) is not VocabParallelEmbedding or type(model.model.norm) is not RMSNorm:  # type: ignore[union-attr]
+        return "its embedding or final norm is not the plain module"
+    # The C code takes one epsilon for every norm.
+    if len({m.variance_epsilon for m in model.modules() if isinstance(m, RMSNorm)}) > 1:
         return "its norms have different epsilons"
     return None
 
@@ -125,7 +140,7 @@ class NativeDecoder:
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
         self.model = model.model  # type: ignore[union-attr]
         self.dtype = dtype
-        self.fn = getattr(_library(), f"decode_layers_{_DTYPES[dtype]}")
+        self.fn = getattr(_library(), f"decode_step_{_DTYPES[dtype]}")
         layers = self.model.layers
         first = layers[0].self_attn
         config = model.config  # type: ignore[union-attr]
@@ -133,23 +148,18 @@ class NativeDecoder:
         self.head_size = first.head_dim
         self.num_heads, self.num_kv_heads = first.num_heads, first.num_kv_heads
         self.window = first.attn.impl.sliding_window
-        self.shape = _LlamaShape(
-            config.hidden_size,
-            config.intermediate_size,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_size,
-            len(layers),
-            layers[0].input_layernorm.variance_epsilon,
+        self.hidden_size, self.vocab_size = config.hidden_size, config.vocab_size
+        self.intermediate_size = config.intermediate_size
+        q_size, qkv_size = first.q_size, first.q_size + 2 * first.kv_size
+        self.residual = torch.empty(self.hidden_size, dtype=torch.float32)
+        self.scratch = torch.empty(
+            2 * self.hidden_size + qkv_size + q_size + 3 * self.intermediate_size, dtype=dtype
         )
-        hidden, q_size, qkv_size = config.hidden_size, first.q_size, first.q_size + 2 * first.kv_size
-        self.h = torch.empty(hidden, dtype=dtype)
-        self.residual = torch.empty(hidden, dtype=torch.float32)
-        self.scratch = torch.empty(hidden + qkv_size + q_size + 3 * config.intermediate_size, dtype=dtype)
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
         self._tensors: list[torch.Tensor] = []
         self._layers: ctypes.Array[_LlamaLayer] | None = None
+        self._model: _LlamaModel | None = None
         self._layout: cpu_decode.DecodeLayout | None = None
 
     @classmethod
@@ -201,8 +211,16 @@ class NativeDecoder:
         rows = self._layer_tensors()
         if cache.dim() != 5 or any(row[6].shape != cache.shape for row in rows):  # type: ignore[union-attr]
             return False
-        present = [t for row in rows for t in row if t is not None]
+        ends = [self.model.embed_tokens.weight, self.model.norm.weight]
+        present = [*ends, *(t for row in rows for t in row if t is not None)]
         if not all(t.is_contiguous() and t.dtype == self.dtype for t in present):
+            return False
+        if ends[0].shape != (self.vocab_size, self.hidden_size):  # a sharded embedding
+            return False
+        if (
+            not self.rotary.cos_sin_cache.is_contiguous()
+            or self.rotary.cos_sin_cache.shape[1] != self.head_size
+        ):
             return False
         # The attention layers' own test and layout, on tensors shaped as this path passes them.
         probe = torch.empty(1, self.num_heads, self.head_size, dtype=self.dtype)
@@ -215,37 +233,58 @@ class NativeDecoder:
         self._layers = (_LlamaLayer * len(rows))(
             *(_LlamaLayer(*(t.data_ptr() if t is not None else None for t in row)) for row in rows)
         )
+        self._model = _LlamaModel(
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_size,
+            len(rows),
+            self.vocab_size,
+            self.model.norm.variance_epsilon,
+            ends[0].data_ptr(),
+            ends[1].data_ptr(),
+            ctypes.addressof(self._layers),
+        )
         self._layout = layout
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The hidden states of a one-token step, or None where it runs the graphs: without attention
-        metadata (a warm-up or profiling run), or with caches the attention kernel cannot serve."""
+        """The final hidden states of a one-token step, or None where it runs the graphs: without
+        attention metadata (a warm-up or profiling run), or with caches the attention kernel cannot
+        serve."""
         md = get_forward_context().attn_metadata
         if md is None or not self._bind():
             return None
         assert self._cache is not None and self._layout is not None
         step = native_decode_step(md, self._cache.shape[3], self.window)
         assert step is not None  # one token: one decode, no prompt
+        if input_ids.dtype != torch.int64 or positions.dtype != torch.int64:
+            raise TypeError(
+                f"token ids and positions must be int64, not {input_ids.dtype} and {positions.dtype}"
+            )
         table = self.rotary.cos_sin_cache
-        position = int(positions[0])
-        if not 0 <= position < table.shape[0]:  # the C code would read past the table
-            raise IndexError(f"position {position} is outside the rotary table ({table.shape[0]} rows)")
-        embedded = self.model.embed_tokens(input_ids)
-        self.h.copy_(embedded[0])
-        self.residual.copy_(embedded[0])
-        row = table.data_ptr() + position * table.stride(0) * table.element_size()
+        hidden = torch.empty(1, self.hidden_size, dtype=self.dtype)
         status = self.fn(
-            ctypes.byref(self.shape),
-            self._layers,
-            self.h.data_ptr(),
+            ctypes.byref(self._model),
+            input_ids.data_ptr(),
+            positions.data_ptr(),
+            table.data_ptr(),
+            table.shape[0],
+            hidden.data_ptr(),
             self.residual.data_ptr(),
             self.scratch.data_ptr(),
-            row,
             step.pointer,
             self._layout.pointer,
         )
+        if status == -4:
+            raise IndexError(
+                f"token id {int(input_ids[0])} is outside the vocabulary ({self.vocab_size} ids)"
+            )
+        if status == -5:
+            raise IndexError(
+                f"position {int(positions[0])} is outside the rotary table ({table.shape[0]} rows)"
+            )
         if status != 0:
             raise RuntimeError(f"native decode rejected the model's shapes (status {status})")
-        hidden, _ = self.model.norm(self.h[None], self.residual[None].to(self.dtype))
         return hidden
