@@ -5,6 +5,7 @@ graphs."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,16 @@ def test_models_the_path_cannot_run_keep_the_graphs(tmp_path: Path, caplog: pyte
     assert "not all float32 or all bfloat16" in caplog.text
     tokens, _ = _generate(runner)
     assert len(tokens) == MAX_TOKENS
+
+
+@pytest.mark.parametrize(("token", "position", "status"), [(10, 0, -4), (-1, 0, -4), (3, 4, -5), (3, -1, -5)])
+def test_token_or_position_outside_its_table_is_refused(token: int, position: int, status: int) -> None:
+    """The C entry checks the token id against the vocabulary and the position against the rotary
+    table before it reads either (the caller raises IndexError on these statuses)."""
+    lib = native_decode._library()
+    assert lib is not None
+    model = native_decode._LlamaModel(hidden=16, intermediate=32, num_heads=1, num_kv_heads=1, head_size=16)
+    model.num_layers, model.vocab, model.eps = 1, 10, 1e-6
+    ids, positions = torch.tensor([token]), torch.tensor([position])
+    args = (ctypes.byref(model), ids.data_ptr(), positions.data_ptr(), None, 4, None, None, None, None, None)
+    assert lib.decode_step_bf16(*args) == status
