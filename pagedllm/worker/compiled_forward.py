@@ -19,10 +19,10 @@
 
 Attention is an opaque custom op (`pagedllm::unified_attention`), so a block is one graph.
 
-A one-token step of decodes only (one sequence decoding) runs all decoder layers in one native call
-instead, where `NativeDecoder` accepts the model (Llama-structured layers, float32 on an AVX-512 CPU
-or bfloat16 on one with AVX512-BF16; see `pagedllm.worker.native_decode`); the graphs of size 1
-still serve every other model.
+A one-token step of decodes only (one sequence decoding) runs the model body (embedding, decoder
+layers, final norm) in one native call instead, where `NativeDecoder` accepts the model
+(Llama-structured layers, float32 on an AVX-512 CPU or bfloat16 on one with AVX512-BF16; see
+`pagedllm.worker.native_decode`); the graphs of size 1 still serve every other model.
 
 Once a (block, shape class) is compiled, later calls skip Dynamo's frame evaluation: the bytecode
 Dynamo generated for that compile (which fetches the graph's inputs from the block and calls the

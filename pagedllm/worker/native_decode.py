@@ -175,7 +175,9 @@ class NativeDecoder:
             logger.info("single-sequence decode steps run the compiled graphs: %s", reason)
             return None
         assert dtype is not None
-        logger.info("single-sequence decode steps run natively (one call for all decoder layers)")
+        logger.info(
+            "single-sequence decode steps run natively (one call from the embedding to the final norm)"
+        )
         return cls(model, dtype)
 
     def _layer_tensors(self) -> list[tuple[torch.Tensor | None, ...]]:
