@@ -55,8 +55,8 @@ def _run_steps(
     dtype: torch.dtype = torch.float32,
     pad: int = 0,
     block_size: int = 16,
+    head_size: int = 16,
 ) -> None:
-    head_size = 16
     scale = head_size**-0.5
     impl = TorchPagedAttentionImpl(heads, head_size, scale, kv_heads, window)
     batch = PagedBatch(
@@ -133,6 +133,36 @@ def test_native_kernel_calls_per_step(decode_path: str, monkeypatch: pytest.Monk
         has_prompt, has_decode = any(n > 1 for _, n in chunks), any(n == 1 for _, n in chunks)
         expected += ["write_kv"] * has_prompt + ["decode_layer"] * has_decode
     assert calls == expected
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_size", "window"),
+    [(9, 3, 64, None), (4, 4, 128, None), (7, 1, 32, 21), (8, 2, 64, 40)],
+    ids=["smollm2", "mha-128", "mqa-32-window", "gqa-window"],
+)
+def test_native_prompt_kernel(
+    heads: int,
+    kv_heads: int,
+    head_size: int,
+    window: int | None,
+    block_size: int,
+    decode_path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bfloat16 prompts with head sizes in multiples of 32 run the native prompt kernel, one call
+    per step for all segments: fresh prompts, chunks over cached prefixes (query tiles and 16-key
+    chunks cut at odd places), windows, beside the cache's never-written (NaN) slots."""
+    if decode_path != "native":
+        pytest.skip("the native path")
+    calls: list[int] = []
+    original = cpu_decode.prefill_layer
+    monkeypatch.setattr(
+        cpu_decode, "prefill_layer", lambda *a: (calls.append(a[3].segments.shape[0]), original(*a))[1]
+    )
+    steps = [*MIXED_STEPS, [("f", 150), ("a", 1)], [("f", 70), ("g", 33)], [("f", 1), ("g", 1)]]
+    _run_steps(steps, heads, kv_heads, window, torch.bfloat16, block_size=block_size, head_size=head_size)
+    assert calls == [sum(n > 1 for _, n in chunks) for chunks in steps if any(n > 1 for _, n in chunks)]
 
 
 def test_many_decodes_one_step() -> None:

@@ -185,9 +185,12 @@ def test_seed_reproducibility(client: openai.OpenAI) -> None:
 
         return call
 
-    # The same seed gives the same text alone and in a batch with other requests.
+    # The same seed gives the same text again, other seeds other texts. (Whether a request's draws
+    # ignore its batch is tested at the runner in float32, tests/worker/test_model_runner.py: in
+    # bfloat16 its logits alone and in a batch differ in the last bits, which can flip a draw.)
+    alone = sample(1234)()
+    assert sample(1234)() == alone
     batched = parallel(sample(1234), sample(1), sample(2))
-    assert sample(1234)() == batched[0]
     assert len(set(batched)) > 1
 
 

@@ -1,10 +1,12 @@
-"""The native CPU paged decode-attention kernel (cpu_decode.c): build once, load, call.
+"""The native CPU paged-attention kernels (cpu_decode.c, cpu_prefill.c): build once, load, call.
 
 Decode attention in tensor ops must first gather every request's key and value blocks into a batch
-(a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); this
-kernel reads the blocks where they lie, once, with the query heads of a group sharing each read. The
-shared object is compiled with the system C compiler (the one torch.compile needs on CPU anyway) into
-the pagedllm cache directory, keyed by the source, the flags, the compiler and the CPU, so it is
+(a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); the
+decode kernel reads the blocks where they lie, once, with the query heads of a group sharing each
+read. The prompt kernel (bfloat16) does the same for prompt segments, with `vdpbf16ps` scores: torch's
+CPU flash-attention kernel computes bfloat16 in float32 at a fraction of the bfloat16 GEMM rate.
+The shared object is compiled with the system C compiler (the one torch.compile needs on CPU anyway)
+into the pagedllm cache directory, keyed by the source, the flags, the compiler and the CPU, so it is
 built once per machine. Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
 """
 
@@ -30,6 +32,8 @@ from pagedllm.platforms.cpu import CpuPlatform
 logger = logging.getLogger("pagedllm.attention")
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
+# The kernel library's source: the prompt-attention kernel, which #includes the decode kernel.
+_LIBRARY_SOURCE = Path(__file__).with_name("cpu_prefill.c")
 # Tried in order: the best code for this CPU first, then plainer builds (a compiler without OpenMP
 # still gives a correct single-threaded kernel). Reassociation lets the compiler sum a dot product's
 # vector lanes as a tree instead of a chain of scalar adds (3x on this kernel); unlike -ffast-math it
@@ -98,8 +102,22 @@ _WRITE_ARGTYPES = [
     ctypes.c_int64,  # block size
     ctypes.c_int64,  # head size
 ]
+_PREFILL_ARGTYPES = [
+    ctypes.c_void_p,  # q
+    ctypes.c_int64,  # q row stride
+    ctypes.c_void_p,  # the layer's cache
+    ctypes.c_void_p,  # out
+    ctypes.c_int64,  # out row stride
+    ctypes.c_void_p,  # block tables
+    ctypes.c_int64,  # block-table row stride
+    ctypes.c_void_p,  # segments: (first row, rows, cached tokens, block-table row) each
+    ctypes.c_int64,  # segments
+    ctypes.POINTER(LayerArgs),
+]
 # The C kernel's fixed per-thread buffers (MAX_GROUP, MAX_HEAD) and vector width (LANES).
 MAX_GROUP, MAX_HEAD, LANES = 16, 256, 16
+# Query vectors per work item of the prompt kernel (TILE_M): a group's heads must fit in one.
+PREFILL_TILE = 48
 
 
 def _compiler() -> str | None:
@@ -157,10 +175,10 @@ def load_native(name: str, sources: Sequence[Path], what: str, otherwise: str) -
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or None where it cannot be built (logged once)."""
     lib = load_native(
-        "cpu_decode",
-        [SOURCE],
-        "CPU decode-attention kernel",
-        "decode attention uses tensor ops, which are slower",
+        "cpu_attention",
+        [_LIBRARY_SOURCE, SOURCE],
+        "CPU attention kernels",
+        "attention uses tensor ops, which are slower",
     )
     if lib is None:
         return None
@@ -169,6 +187,9 @@ def kernel() -> ctypes.CDLL | None:
         getattr(lib, f"decode_layer_{suffix}").restype = ctypes.c_int
         getattr(lib, f"write_kv_{suffix}").argtypes = _WRITE_ARGTYPES
         getattr(lib, f"write_kv_{suffix}").restype = None
+    lib.prefill_layer_bf16.argtypes = _PREFILL_ARGTYPES
+    lib.prefill_layer_bf16.restype = ctypes.c_int
+    lib.prefill_supported.restype = ctypes.c_int
     return lib
 
 
@@ -242,7 +263,18 @@ class DecodeLayout:
             num_heads, num_kv_heads, head_size, block_size, kv_cache.stride(0), scale, window
         )
         self.pointer = ctypes.pointer(self.args)
-        self.fn = getattr(kernel(), f"decode_layer_{_SUFFIXES[kv_cache.dtype]}")
+        lib = kernel()
+        self.fn = getattr(lib, f"decode_layer_{_SUFFIXES[kv_cache.dtype]}")
+        # The prompt kernel: bfloat16 on an AVX512-BF16 CPU, head pairs in whole vectors, 16-key
+        # chunks within a block, a group's heads within one tile (cpu_prefill.c).
+        serves_prompts = (
+            kv_cache.dtype == torch.bfloat16
+            and bool(lib.prefill_supported())
+            and head_size % 32 == 0
+            and block_size % LANES == 0
+            and num_heads // num_kv_heads <= PREFILL_TILE
+        )
+        self.prefill_fn = lib.prefill_layer_bf16 if serves_prompts else None
 
 
 def decode_layer(
@@ -272,6 +304,42 @@ def decode_layer(
     )
     if status != 0:
         raise RuntimeError("native decode kernel rejected its shapes (check supports() first)")
+
+
+class PrefillStep:
+    """A step's prompt segments as the prompt kernel takes them, built once for every layer: per
+    segment its first query row, its number of rows, its cached tokens before them and its
+    block-table row (int64 [segments, 4]), and the step's block tables (int32, contiguous rows)."""
+
+    def __init__(self, block_tables: torch.Tensor, segments: torch.Tensor) -> None:
+        if block_tables.dtype != torch.int32 or block_tables.stride(1) != 1:
+            raise ValueError("block_tables must be int32 with contiguous rows")
+        if segments.dtype != torch.int64 or segments.dim() != 2 or segments.shape[1] != 4:
+            raise ValueError("segments must be int64 [n, 4]")
+        self.block_tables, self.segments = block_tables, segments.contiguous()
+
+
+def prefill_layer(
+    query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, step: PrefillStep, layout: DecodeLayout
+) -> None:
+    """Causal attention of each prompt segment's query rows over its keys in `kv_cache` (stored
+    there already: the cached prefix and the segment's own), written to the same rows of `out`
+    ([tokens, heads, head_size], heads contiguous); the layout must serve prompts (`prefill_fn`)."""
+    assert layout.prefill_fn is not None
+    status = layout.prefill_fn(
+        query.data_ptr(),
+        query.stride(0),
+        kv_cache.data_ptr(),
+        out.data_ptr(),
+        out.stride(0),
+        step.block_tables.data_ptr(),
+        step.block_tables.stride(0),
+        step.segments.data_ptr(),
+        step.segments.shape[0],
+        layout.pointer,
+    )
+    if status != 0:
+        raise RuntimeError("native prompt-attention kernel rejected its shapes")
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:

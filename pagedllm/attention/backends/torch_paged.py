@@ -13,8 +13,10 @@ the keys each query attends to. The paths, chosen per request from host-side len
   reductions (`scatter_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
   last block (< block_size keys), so the cost is linear in the tokens attended to, with a fixed
   number of kernel launches per layer and no Python work per request or per token.
-* Prefill segments (query length > 1): one `scaled_dot_product_attention` per request, which runs
-  torch's fused CPU flash-attention kernel. A fresh prompt attends to its own new keys directly
+* Prefill segments (query length > 1) on CPU in bfloat16 (AVX512-BF16): the native prompt kernel
+  of `cpu_decode`, one call for all segments, reading keys from the paged cache (stored first).
+* Prefill segments elsewhere: one `scaled_dot_product_attention` per request, which runs torch's
+  fused CPU flash-attention kernel. A fresh prompt attends to its own new keys directly
   (`is_causal`, no cache read); a chunk with a cached prefix gathers its blocks and uses a causal mask
   offset by the number of cached tokens. A per-request loop is cheap here: each iteration is a large
   kernel, and a step holds few prefill segments.
@@ -91,6 +93,9 @@ class _PrefillSegment:
 class _Plan:
     decode: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan | None
     prefills: list[_PrefillSegment]
+    # The prompt segments for the native prompt kernel (native path only; layers whose layout it
+    # does not serve loop over `prefills`).
+    native_prefill: cpu_decode.PrefillStep | None
     # Cache block and offset of each new token (from slot_mapping), for the tensor-op write; None on
     # the native path, whose kernels take the slots themselves.
     slot_block: torch.Tensor | None
@@ -114,8 +119,12 @@ def _build_plan(
     ]
     slots = md.slot_mapping[: md.num_actual_tokens]
     slot_block, slot_offset = (None, None) if native else (slots // block_size, slots % block_size)
+    native_prefill = None
+    if native and prefills:
+        segments = [[s.start, s.end - s.start, s.num_computed, s.req] for s in prefills]
+        native_prefill = cpu_decode.PrefillStep(md.block_tables, torch.tensor(segments, dtype=torch.int64))
     if dec.size == 0:
-        return _Plan(None, prefills, slot_block, slot_offset)
+        return _Plan(None, prefills, native_prefill, slot_block, slot_offset)
     dseq = seq[dec]
     if native:
         step = cpu_decode.DecodeStep(
@@ -125,7 +134,7 @@ def _build_plan(
             torch.from_numpy(dseq),
             None if prefills else slots,
         )
-        return _Plan(_NativeDecodePlan(step), prefills, slot_block, slot_offset)
+        return _Plan(_NativeDecodePlan(step), prefills, native_prefill, slot_block, slot_offset)
     contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
     rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
     if md.compiled_decode and dec.size <= DENSE_DECODE_MAX_REQS:
@@ -133,7 +142,7 @@ def _build_plan(
         max_blocks = int((dseq.max() + block_size - 1) // block_size)
         tables = md.block_tables.index_select(0, dec_t)[:, :max_blocks].long()
         dense = _DenseDecodePlan(rows, int(dec.size), tables, torch.from_numpy(dseq).to(device))
-        return _Plan(dense, prefills, slot_block, slot_offset)
+        return _Plan(dense, prefills, native_prefill, slot_block, slot_offset)
     # Blocks wholly outside the sliding window are skipped, not just masked.
     first = np.maximum(dseq - window, 0) // block_size if window is not None else np.zeros_like(dseq)
     nblk = (dseq - 1) // block_size - first + 1
@@ -164,7 +173,7 @@ def _build_plan(
         valid.index_select(0, tail),
         bool((nblk == 1).all()),
     )
-    return _Plan(decode, prefills, slot_block, slot_offset)
+    return _Plan(decode, prefills, native_prefill, slot_block, slot_offset)
 
 
 # Decode steps of at most this many requests run the compiled dense kernel when it is enabled: it
@@ -292,7 +301,11 @@ class TorchPagedAttentionImpl(AttentionImpl):
             kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
             kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
 
-        for seg in plan.prefills:
+        prefills = plan.prefills
+        if isinstance(layout, cpu_decode.DecodeLayout) and layout.prefill_fn and plan.native_prefill:
+            cpu_decode.prefill_layer(query, kv_cache, out, plan.native_prefill, layout)
+            prefills = []
+        for seg in prefills:
             q = query[seg.start : seg.end]
             if seg.num_computed == 0:
                 k, v = key[seg.start : seg.end].transpose(0, 1), value[seg.start : seg.end].transpose(0, 1)
@@ -410,4 +423,4 @@ class TorchPagedAttentionBackend(AttentionBackend):
     @staticmethod
     def warm_up(device: torch.device) -> None:
         if device.type == "cpu":
-            cpu_decode.kernel()  # the first build runs the C compiler (~1 s); later starts load it
+            cpu_decode.kernel()  # the first build runs the C compiler (~6 s); later starts load it
