@@ -14,10 +14,11 @@
  * writes output row q_rows[i].
  *
  * Work item = (request, kv head, part of its blocks): each key and value is read from memory once and
- * serves every query head of the group. Softmax is online per 16 keys (flash decoding): their scores
- * as one vector, then one rescale of the accumulators. The body is written once for float and
- * bfloat16 elements; the common head sizes (and in bfloat16 the common group sizes) get their own
- * constant-size copies, which the compiler keeps in vector registers.
+ * serves every query head of the group. Softmax is online per segment of up to 256 keys (flash
+ * decoding): the segment's scores, 16 keys to a vector, then one rescale of the accumulators and the
+ * value sums. The body is written once for float and bfloat16 elements; the common head sizes (and
+ * in bfloat16 the common group sizes) get their own constant-size copies, which the compiler keeps in
+ * vector registers.
  */
 #include <float.h>
 #include <math.h>
@@ -203,16 +204,23 @@ INLINE void prefetch_block(const DecodeArgs *a, int64_t block, int64_t h, int64_
  * With `partial` NULL the result is final and goes to `out`; otherwise the unnormalized state
  * (running max, sum, weighted values: group x (2 + D) floats) goes there for merge_splits. `nc` is
  * the head size in 16-float chunks, a compile-time constant in the specialized copies; `bf16`
- * selects the element type. Keys are taken 16 at a time: each key row is converted once for all
- * query heads of the group, a head's 16 scores come out of one transpose-sum as a vector, and their
- * softmax runs in its lanes. */
+ * selects the element type.
+ *
+ * Keys go in segments of up to SEGMENT_CHUNKS x 16, each in two passes: all the segment's scores
+ * first (keys 16 at a time: each key row converted once for all query heads of the group, a head's 16
+ * scores out of one transpose-sum as a vector), then one rescale to the segment's maximum and the
+ * value sums. Rescaling every 16 keys instead put a chain of horizontal maximum, scalar exponential
+ * and rescale between each 16 keys' scores and their value sums, which the core could not overlap. */
+#define SEGMENT_CHUNKS 16
 INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_begin, int64_t b_end,
                         float *partial, const int64_t nc, const int64_t group, const int bf16) {
     const int64_t elem = bf16 ? 2 : 4, D = nc * LANES;
     const int64_t bs = a->block_size, len = a->seq_lens[r], start = first_key(a, r);
     const int32_t *table = a->tables + a->table_rows[r] * a->table_stride;
     vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS], dots[MAX_GROUP][LANES];
+    vec scores[MAX_GROUP][SEGMENT_CHUNKS];
     float run_max[MAX_GROUP], run_sum[MAX_GROUP];
+    int64_t chunk_offset[SEGMENT_CHUNKS], chunk_keys[SEGMENT_CHUNKS]; /* bytes into k and v; keys */
     const int_vec lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     const char *qr = a->q + (a->q_rows[r] * a->q_stride + h * group * D) * elem;
     for (int64_t g = 0; g < group; g++) {
@@ -223,23 +231,35 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
         run_max[g] = -FLT_MAX;
         run_sum[g] = 0.0f;
     }
-    for (int64_t b = b_begin; b < b_end; b++) {
-        const int64_t base = ((int64_t)table[b] * a->num_kv_heads + h) * bs * D * elem;
-        const char *kb = a->k + base, *vb = a->v + base;
-        const int64_t t0 = start > b * bs ? start - b * bs : 0;
-        const int64_t t1 = len - b * bs < bs ? len - b * bs : bs;
-        /* Blocks lie at random places, each pages away from the last: every one would start with
-         * a row of cache misses (and page walks) before the hardware prefetcher catches on, and
-         * the next block alone is too little to keep the memory system busy while one is computed.
-         * The blocks up to L2_AHEAD ahead are requested (all of them at the start). */
-        for (int64_t ahead = b == b_begin ? b + 1 : b + L2_AHEAD; ahead <= b + L2_AHEAD && ahead < b_end; ahead++)
-            prefetch_block(a, table[ahead], h, bs * D * elem);
-        for (int64_t c0 = t0; c0 < t1; c0 += LANES) {
-            const int64_t n = t1 - c0 < LANES ? t1 - c0 : LANES;
+    /* The walk: block b, its keys [c0, t1). */
+    int64_t b = b_begin, c0 = start > b * bs ? start - b * bs : 0, t1 = len - b * bs < bs ? len - b * bs : bs;
+    for (int64_t ahead = b + 1; ahead <= b + L2_AHEAD && ahead < b_end; ahead++)
+        prefetch_block(a, table[ahead], h, bs * D * elem);
+    while (b < b_end) {
+        int64_t chunks = 0;
+        for (; chunks < SEGMENT_CHUNKS && b < b_end; chunks++) {
+            chunk_offset[chunks] = (((int64_t)table[b] * a->num_kv_heads + h) * bs + c0) * D * elem;
+            chunk_keys[chunks] = t1 - c0 < LANES ? t1 - c0 : LANES;
+            c0 += LANES;
+            if (c0 >= t1) {
+                /* Blocks lie at random places, each pages away from the last: every one would
+                 * start with a row of cache misses before the hardware prefetcher catches on. The
+                 * blocks up to L2_AHEAD ahead are requested (all of them at the start). */
+                if (++b + L2_AHEAD < b_end) prefetch_block(a, table[b + L2_AHEAD], h, bs * D * elem);
+                c0 = 0;
+                t1 = len - b * bs < bs ? len - b * bs : bs;
+            }
+        }
+        /* Pass 1: scores (-FLT_MAX past the keys) and their lane-wise maxima. */
+        vec seg_max[MAX_GROUP], seg_sum[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++) seg_max[g] = (vec){0} - FLT_MAX;
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            const char *kb = a->k + chunk_offset[ch];
+            const int64_t n = chunk_keys[ch];
             for (int64_t t = 0; t < LANES; t++) {
                 if (t < n) {
                     vec key[MAX_CHUNKS];
-                    for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + ((c0 + t) * D + c * LANES) * elem, bf16);
+                    for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + (t * D + c * LANES) * elem, bf16);
                     for (int64_t g = 0; g < group; g++) {
                         vec dot = qv[g][0] * key[0];
                         for (int64_t c = 1; c < nc; c++) dot += qv[g][c] * key[c];
@@ -250,25 +270,40 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
                 }
             }
             const int_vec valid = lane < (int32_t)n;
+            for (int64_t g = 0; g < group; g++) {
+                scores[g][ch] = select_vec(valid, reduce_lanes16(dots[g], 0), (vec){0} - FLT_MAX);
+                seg_max[g] = combine(seg_max[g], scores[g][ch], 1);
+            }
+        }
+        /* Pass 2: one rescale to the new maximum, then the weights and the value sums. */
+        for (int64_t g = 0; g < group; g++) {
+            const float top = hmax(seg_max[g]);
+            const float m = top > run_max[g] ? top : run_max[g];
+            const float correction = exp_nonpositive(run_max[g] - m);
+            run_max[g] = m;
+            run_sum[g] *= correction;
+            for (int64_t c = 0; c < nc; c++) acc[g][c] *= correction;
+            seg_sum[g] = (vec){0};
+        }
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            const char *vb = a->v + chunk_offset[ch];
+            const int64_t n = chunk_keys[ch];
             vec p[MAX_GROUP];
             for (int64_t g = 0; g < group; g++) {
-                const vec scores = reduce_lanes16(dots[g], 0);
-                const float m = fmaxf(run_max[g], hmax(select_vec(valid, scores, (vec){0} - FLT_MAX)));
-                const float correction = exp_nonpositive(run_max[g] - m);
-                p[g] = select_vec(valid, exp_nonpositive_vec(scores - m), (vec){0});
-                run_max[g] = m;
-                run_sum[g] = run_sum[g] * correction + hsum(p[g]);
-                for (int64_t c = 0; c < nc; c++) acc[g][c] *= correction;
+                p[g] = select_vec(lane < (int32_t)n, exp_nonpositive_vec(scores[g][ch] - run_max[g]), (vec){0});
+                seg_sum[g] += p[g];
             }
-            /* Each value row is converted once for all heads of the group (whose accumulators stay
+            /* Only the keys that exist: a slot past the sequence may hold NaN, and 0 * NaN is NaN.
+             * Each value row is converted once for all heads of the group (whose accumulators stay
              * in registers where the group size is a compile-time constant). */
             for (int64_t t = 0; t < n; t++) {
                 vec value[MAX_CHUNKS];
-                for (int64_t c = 0; c < nc; c++) value[c] = load_vec(vb + ((c0 + t) * D + c * LANES) * elem, bf16);
+                for (int64_t c = 0; c < nc; c++) value[c] = load_vec(vb + (t * D + c * LANES) * elem, bf16);
                 for (int64_t g = 0; g < group; g++)
                     for (int64_t c = 0; c < nc; c++) acc[g][c] += p[g][t] * value[c];
             }
         }
+        for (int64_t g = 0; g < group; g++) run_sum[g] += hsum(seg_sum[g]);
     }
     if (partial) {
         for (int64_t g = 0; g < group; g++) {

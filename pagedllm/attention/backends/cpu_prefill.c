@@ -11,7 +11,7 @@
  * (TILE_M query vectors) go through the keys 16 at a time. Per 16 keys the keys are transposed into
  * dimension pairs (one vector per pair of dimensions holds that pair for all 16 keys), so a query
  * vector's 16 scores are D/2 `vdpbf16ps` with the query's pair broadcast; the values are converted to
- * float once for the tile. Softmax is online per 16 keys, as in the decode kernel.
+ * float once for the tile. Softmax is online per 16 keys.
  *
  * Layouts: q [tokens, num_heads, head] with row stride q_stride; out the same with out_stride; the
  * cache [2, num_blocks, num_kv_heads, block_size, head]; segment i (segs[4 i ..]) is the query rows
@@ -89,12 +89,15 @@ INLINE void prefill_task(const PrefillArgs *a, int64_t seg, int64_t h, int64_t r
     float o[TILE_M + QK_ROWS][MAX_HEAD], p[TILE_M + QK_ROWS][LANES], vf[LANES][MAX_HEAD];
     float run_max[TILE_M + QK_ROWS], run_sum[TILE_M + QK_ROWS], correction[TILE_M + QK_ROWS];
     int32_t pos[TILE_M + QK_ROWS];
-    memset(qp, 0, sizeof qp);
-    memset(o, 0, sizeof o);
-    memset(p, 0, sizeof p);
+    /* Only rows [0, m_padded) x D of qp and o are read; p is written before it is read. */
+    const int64_t m_padded = (m_count + QK_ROWS - 1) / QK_ROWS * QK_ROWS;
     for (int64_t m = 0; m < TILE_M + QK_ROWS; m++) {
         const int64_t row = row0 + m / group, head = h * group + m % group;
-        if (m < m_count) memcpy(qp[m], a->q + (start + row) * a->q_stride + head * D, D * sizeof(uint16_t));
+        if (m < m_count)
+            memcpy(qp[m], a->q + (start + row) * a->q_stride + head * D, D * sizeof(uint16_t));
+        else if (m < m_padded)
+            memset(qp[m], 0, D * sizeof(uint16_t));
+        if (m < m_padded) memset(o[m], 0, D * sizeof(float));
         run_max[m] = -FLT_MAX;
         run_sum[m] = 0.0f;
         pos[m] = m < m_count ? (int32_t)(computed + row) : -1;
