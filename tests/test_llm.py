@@ -34,15 +34,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(model_dir: Path) -> LLM:
-    # 16-token blocks: the prefix-cache test counts its hits in them (the CPU default, 128, would need
-    # prompts longer than max_model_len).
     return LLM(
-        model=str(model_dir),
-        dtype="float32",
-        max_model_len=256,
-        enforce_eager=True,
-        optimization_level=0,
-        block_size=16,
+        model=str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, optimization_level=0
     )
 
 

@@ -17,10 +17,8 @@ MambaCacheMode = Literal["none", "all", "align"]
 class CacheConfig:
     """Configuration for the KV cache."""
 
-    block_size: Annotated[int, Field(gt=0)] | None = None
-    """Size of a KV cache block in tokens; every sequence's cache is a list of such blocks. Unset: the
-    platform chooses at construction (CPU 128, as vLLM's CPU backend: the attention kernels read
-    longer contiguous runs of keys; elsewhere 16)."""
+    block_size: Annotated[int, Field(gt=0)] = 16
+    """Size of a KV cache block in tokens; every sequence's cache is a list of such blocks."""
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Fraction of GPU memory the engine may use (weights, activations and KV cache), CUDA only."""
     kv_cache_memory_bytes: Annotated[int, Field(gt=0)] | None = None

@@ -134,14 +134,8 @@ class Platform:
         if compilation.backend == "":
             compilation.backend = self.default_compile_backend()
 
-    def default_block_size(self) -> int:
-        """KV block size in tokens where `CacheConfig.block_size` is unset."""
-        return 16
-
     def check_and_update_config(self, cfg: EngineConfig) -> None:
         """Late hook (step P48): the platform's final say on the combined configuration."""
-        if cfg.cache_config.block_size is None:
-            cfg.cache_config.block_size = self.default_block_size()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device_type={self.device_type!r})"

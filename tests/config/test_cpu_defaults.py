@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.config import (
-    CacheConfig,
-    CompilationMode,
-    CUDAGraphMode,
-    EngineConfig,
-    ModelConfig,
-    OptimizationLevel,
-)
+from pagedllm.config import CompilationMode, CUDAGraphMode, EngineConfig, ModelConfig, OptimizationLevel
 from pagedllm.platforms import override_platform
 from pagedllm.platforms.cpu import CpuPlatform
 
@@ -30,12 +23,8 @@ def test_cpu_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     with override_platform("cpu"):
         assert EngineConfig(model_config=ModelConfig()).model_config.dtype == torch.bfloat16
     assert sc.async_scheduling is False and cfg.max_concurrent_batches == 1
-    assert cfg.cache_config.block_size == 128 and cfg.cache_config.enable_prefix_caching
+    assert cfg.cache_config.block_size == 16 and cfg.cache_config.enable_prefix_caching
     assert cfg.parallel_config.distributed_executor_backend == "uni"
-    # The platform fills the block size only where it was not set.
-    with override_platform("cpu"):
-        set_16 = EngineConfig(model_config=ModelConfig(), cache_config=CacheConfig(block_size=16))
-    assert set_16.cache_config.block_size == 16
 
 
 def test_cpu_o0_is_eager() -> None:
@@ -84,5 +73,4 @@ def test_cuda_defaults_without_a_gpu() -> None:
     assert cc.padded_graph_size(3) == 4 and cc.compile_ranges_endpoints == [8192]
     # The executor cannot overlap steps yet, so async scheduling resolves to off (no error).
     assert sc.async_scheduling is False and cfg.max_concurrent_batches == 1
-    assert cfg.cache_config.block_size == 16
     assert unsupported_features(cfg) == []

@@ -19,7 +19,6 @@ from pagedllm.engine.llm_engine import LLMEngine
 BASE: dict[str, Any] = dict(
     dtype="float32",
     max_model_len=256,
-    block_size=16,  # the preemption cases size their caches in 16-token blocks
     enforce_eager=True,
     optimization_level=0,
     kv_cache_memory_bytes=8 << 20,

@@ -36,7 +36,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
 # tokens may fall either way depending on summation order, so exact token equality would be luck.
 ENGINE: dict[str, Any] = dict(
     max_model_len=512,
-    block_size=16,  # prefix hits and the preemption case's cache are counted in 16-token blocks
     kv_cache_memory_bytes=64 << 20,
     optimization_level=0,
     max_num_batched_tokens=24,
