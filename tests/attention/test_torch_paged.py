@@ -270,20 +270,24 @@ def test_native_kernel_serves_cpu_decodes_of_its_dtypes(dtype: torch.dtype, deco
     assert isinstance(plan.decode, _NativeDecodePlan) == (dtype != torch.float16)
 
 
+@pytest.mark.parametrize("block_size", [16, 128])
 @pytest.mark.parametrize("window", [None, 100])
 @pytest.mark.parametrize(
     ("lengths", "kv_heads"),
     [([700, 3, 257, 16, 17, 130], 3), ([700], 3), ([1100, 9], 1)],
     ids=["batch", "one-long", "mqa-few"],
 )
-def test_long_decodes_at_model_shapes(window: int | None, lengths: list[int], kv_heads: int) -> None:
+def test_long_decodes_at_model_shapes(
+    window: int | None, lengths: list[int], kv_heads: int, block_size: int
+) -> None:
     """SmolLM2's attention shape (9 heads over 3 kv heads of 64), long and short requests decoding
-    together, in bfloat16: many blocks per request, the online softmax across them. With fewer
-    (request, kv head) pairs than twice the threads, the native kernel splits each request's keys
-    across threads and merges the parts ("one-long", "mqa-few")."""
+    together, in bfloat16: many blocks and softmax segments per request, the online softmax across
+    them. With fewer (request, kv head) pairs than twice the threads, the native kernel splits each
+    request's keys across threads and merges the parts ("one-long", "mqa-few"), at the default block
+    sizes of GPUs (16) and CPUs (128)."""
     heads, head_size = 9, 64
     impl = TorchPagedAttentionImpl(heads, head_size, head_size**-0.5, kv_heads, window)
-    batch = PagedBatch(1, kv_heads, head_size, num_blocks=128, block_size=16, dtype=torch.bfloat16)
+    batch = PagedBatch(1, kv_heads, head_size, num_blocks=128, block_size=block_size, dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(1)
     keys, values = {}, {}
     for step in (

@@ -350,8 +350,8 @@ static void merge_splits(const DecodeArgs *a, int64_t tasks, int64_t splits, con
 
 /* Splits per (request, kv head) so that every thread has work: a single long request would otherwise
  * leave a thread idle and read its keys at one core's share of the memory bandwidth. A split keeps
- * at least MIN_SPLIT_BLOCKS blocks, below which merging costs more than it saves. */
-#define MIN_SPLIT_BLOCKS 8
+ * at least MIN_SPLIT_KEYS keys (and a whole block), below which merging costs more than it saves. */
+#define MIN_SPLIT_KEYS 128
 static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
 #ifdef _OPENMP
     const int64_t threads = omp_get_max_threads();
@@ -367,7 +367,9 @@ static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
         max_blocks = end - first > max_blocks ? end - first : max_blocks;
     }
     int64_t splits = (2 * threads + tasks - 1) / tasks;
-    if (splits > max_blocks / MIN_SPLIT_BLOCKS) splits = max_blocks / MIN_SPLIT_BLOCKS;
+    const int64_t by_keys = max_blocks * a->block_size / MIN_SPLIT_KEYS;
+    const int64_t most = by_keys < max_blocks ? by_keys : max_blocks;
+    if (splits > most) splits = most;
     return splits > 1 ? splits : 1;
 }
 
