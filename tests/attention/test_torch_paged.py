@@ -283,8 +283,8 @@ def test_long_decodes_at_model_shapes(
     """SmolLM2's attention shape (9 heads over 3 kv heads of 64), long and short requests decoding
     together, in bfloat16: many blocks and softmax segments per request, the online softmax across
     them. With fewer (request, kv head) pairs than twice the threads, the native kernel splits each
-    request's keys across threads and merges the parts ("one-long", "mqa-few"), at the default block
-    sizes of GPUs (16) and CPUs (128)."""
+    request's keys across threads and merges the parts ("one-long", "mqa-few"), also with blocks of
+    128 (vLLM's CPU default), where a split must still keep whole blocks."""
     heads, head_size = 9, 64
     impl = TorchPagedAttentionImpl(heads, head_size, head_size**-0.5, kv_heads, window)
     batch = PagedBatch(1, kv_heads, head_size, num_blocks=128, block_size=block_size, dtype=torch.bfloat16)

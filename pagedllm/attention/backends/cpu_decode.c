@@ -127,6 +127,12 @@ INLINE int64_t first_key(const DecodeArgs *a, int64_t r) {
     return (a->window > 0 && len > a->window) ? len - a->window : 0;
 }
 
+/* How many of block b's slots hold request r's keys (all of them but in its last block). */
+INLINE int64_t keys_in_block(const DecodeArgs *a, int64_t r, int64_t b) {
+    const int64_t rest = a->seq_lens[r] - b * a->block_size;
+    return rest < a->block_size ? rest : a->block_size;
+}
+
 /* Cache blocks [*first, *end) of request r's table that hold its keys [first_key, len). */
 INLINE void key_blocks(const DecodeArgs *a, int64_t r, int64_t *first, int64_t *end) {
     *first = first_key(a, r) / a->block_size;
@@ -215,7 +221,7 @@ INLINE void prefetch_block(const DecodeArgs *a, int64_t block, int64_t h, int64_
 INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_begin, int64_t b_end,
                         float *partial, const int64_t nc, const int64_t group, const int bf16) {
     const int64_t elem = bf16 ? 2 : 4, D = nc * LANES;
-    const int64_t bs = a->block_size, len = a->seq_lens[r], start = first_key(a, r);
+    const int64_t bs = a->block_size, start = first_key(a, r);
     const int32_t *table = a->tables + a->table_rows[r] * a->table_stride;
     vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS], dots[MAX_GROUP][LANES];
     vec scores[MAX_GROUP][SEGMENT_CHUNKS];
@@ -232,7 +238,7 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
         run_sum[g] = 0.0f;
     }
     /* The walk: block b, its keys [c0, t1). */
-    int64_t b = b_begin, c0 = start > b * bs ? start - b * bs : 0, t1 = len - b * bs < bs ? len - b * bs : bs;
+    int64_t b = b_begin, c0 = start > b * bs ? start - b * bs : 0, t1 = keys_in_block(a, r, b);
     for (int64_t ahead = b + 1; ahead <= b + L2_AHEAD && ahead < b_end; ahead++)
         prefetch_block(a, table[ahead], h, bs * D * elem);
     while (b < b_end) {
@@ -247,11 +253,11 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
                  * blocks up to L2_AHEAD ahead are requested (all of them at the start). */
                 if (++b + L2_AHEAD < b_end) prefetch_block(a, table[b + L2_AHEAD], h, bs * D * elem);
                 c0 = 0;
-                t1 = len - b * bs < bs ? len - b * bs : bs;
+                t1 = keys_in_block(a, r, b);
             }
         }
         /* Pass 1: scores (-FLT_MAX past the keys) and their lane-wise maxima. */
-        vec seg_max[MAX_GROUP], seg_sum[MAX_GROUP];
+        vec seg_max[MAX_GROUP];
         for (int64_t g = 0; g < group; g++) seg_max[g] = (vec){0} - FLT_MAX;
         for (int64_t ch = 0; ch < chunks; ch++) {
             const char *kb = a->k + chunk_offset[ch];
@@ -276,6 +282,7 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
             }
         }
         /* Pass 2: one rescale to the new maximum, then the weights and the value sums. */
+        vec seg_sum[MAX_GROUP];
         for (int64_t g = 0; g < group; g++) {
             const float top = hmax(seg_max[g]);
             const float m = top > run_max[g] ? top : run_max[g];
