@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import time
@@ -96,8 +97,12 @@ def run(args: argparse.Namespace) -> int:
     model_config = llm.llm_engine.model_config
     stats = ModelStats.from_model_config(model_config)
     requests = build_workload(args, llm)
+    probe = functools.partial(
+        Roofline.measure, model_config.dtype, stats.hidden_size, stats.intermediate_size
+    )
+    before = probe()
     result = run_pagedllm(llm, requests)
-    roofline = Roofline.measure(model_config.dtype, stats.hidden_size, stats.intermediate_size)
+    roofline = before.best(probe())
     compute_limit = roofline.compute_tokens_per_s(stats.num_params)
     report = {
         "model": model_config.model,

@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 SUPPORTED = (
     "dense decoder models (Llama, Mistral, Qwen2, Qwen3) from HF safetensors directories or GGUF files; "
     "dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
-    "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3; "
-    "CUDA graphs on CUDA; load formats auto/safetensors/gguf/dummy"
+    "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
+    "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
+    "load formats auto/safetensors/gguf/dummy"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
