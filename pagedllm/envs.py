@@ -1,0 +1,115 @@
+"""Every environment variable pagedllm reads, in one registry: name, type, default and meaning.
+
+Read a variable as an attribute (`envs.PAGEDLLM_CACHE_ROOT`): the value is parsed from `os.environ` at
+each access, so a test or a launcher that sets a variable later is seen. Nothing in pagedllm writes
+`os.environ` to pass a decision on; decisions live in the config. `describe()` lists
+them with their current values.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _flag(raw: str | None) -> bool | None:
+    """Tri-state boolean: unset or empty -> None, "1"/"true"/"yes"/"on" -> True, anything else False."""
+    if raw is None or raw == "":
+        return None
+    return raw.strip().lower() in _TRUE
+
+
+def _str(raw: str | None) -> str | None:
+    return raw or None
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    parse: Callable[[str | None], Any]
+    doc: str
+
+    def read(self) -> Any:
+        return self.parse(os.environ.get(self.name))
+
+
+_VARS: list[EnvVar] = [
+    EnvVar(
+        "PAGEDLLM_CACHE_ROOT",
+        _str,
+        "Directory of pagedllm's on-disk caches (compiled graphs, native kernels, converted tokenizers); "
+        "default $XDG_CACHE_HOME/pagedllm or ~/.cache/pagedllm.",
+    ),
+    EnvVar("XDG_CACHE_HOME", _str, "Base of the default cache root when PAGEDLLM_CACHE_ROOT is unset."),
+    EnvVar("PAGEDLLM_API_KEY", _str, "API key the server requires on /v1 routes when --api-key is not given."),
+    EnvVar(
+        "PAGEDLLM_BATCH_INVARIANT",
+        _flag,
+        "Batch-invariant execution: a request's results do not depend on which other requests share "
+        "its steps (disables cascade attention; see the README's reproducibility section).",
+    ),
+    EnvVar(
+        "PAGEDLLM_USE_BREAKABLE_CUDAGRAPH",
+        _flag,
+        "Force breakable CUDA graphs on (1) or off (0); unset: the platform's architecture list decides.",
+    ),
+    EnvVar(
+        "PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN",
+        _flag,
+        "Allow max_model_len above what the model's config derives (outputs may be wrong past it).",
+    ),
+    EnvVar(
+        "PAGEDLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE",
+        _flag,
+        "Keep the hybrid KV cache manager with chunked local attention (latency regression possible).",
+    ),
+    EnvVar("PAGEDLLM_USE_SIMPLE_KV_OFFLOAD", _flag, "Use the simple CPU KV offloading connector."),
+    EnvVar(
+        "PAGEDLLM_DEBUG_DUMP_PATH",
+        _str,
+        "Directory for compilation debug dumps; overrides compilation_config.debug_dump_path.",
+    ),
+    EnvVar(
+        "PAGEDLLM_WORKER_MULTIPROC_METHOD",
+        _str,
+        "Start method of worker processes (fork or spawn); some models need spawn.",
+    ),
+    EnvVar("HF_HUB_OFFLINE", _flag, "Never contact the Hugging Face Hub (huggingface_hub's own variable)."),
+    EnvVar("CC", _str, "C compiler for the native CPU kernels; default cc, then gcc, then clang."),
+    EnvVar(
+        "PYTORCH_CUDA_ALLOC_CONF",
+        _str,
+        "torch's CUDA allocator options; read to refuse expandable segments with KV connectors.",
+    ),
+    EnvVar("NCCL_GRAPH_REGISTER", _str, "NCCL's buffer registration in graphs; read to warn when it is on."),
+    EnvVar("OMP_NUM_THREADS", _str, "OpenMP threads; when unset the CPU worker sets torch's thread count."),
+]
+
+REGISTRY: dict[str, EnvVar] = {v.name: v for v in _VARS}
+
+
+def __getattr__(name: str) -> Any:
+    var = REGISTRY.get(name)
+    if var is None:
+        raise AttributeError(f"module 'pagedllm.envs' has no attribute {name!r} (not a registered variable)")
+    return var.read()
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *REGISTRY])
+
+
+def is_set(name: str) -> bool:
+    """Whether the registered variable `name` is present in the environment (even if empty)."""
+    if name not in REGISTRY:
+        raise KeyError(f"{name} is not a registered environment variable")
+    return name in os.environ
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, current raw value or '', doc) for every registered variable."""
+    return [(v.name, os.environ.get(v.name, ""), v.doc) for v in _VARS]
