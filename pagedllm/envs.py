@@ -78,6 +78,19 @@ _VARS: list[EnvVar] = [
         _str,
         "Start method of worker processes (fork or spawn); some models need spawn.",
     ),
+    EnvVar(
+        "PAGEDLLM_USE_V2_MODEL_RUNNER",
+        _flag,
+        "Force the second-generation model runner on (1) or off (0); unset: the config decides.",
+    ),
+    EnvVar(
+        "PAGEDLLM_TRACE_FUNCTION",
+        _flag,
+        "Log every Python call of the engine's threads to a file under the temp directory (debugging).",
+    ),
+    EnvVar("TORCH_COMPILE_DISABLE", _flag, "torch's own switch: no torch.compile anywhere (forces -O0)."),
+    EnvVar("USER", _str, "User name, for per-user paths of debug traces (USERNAME on Windows)."),
+    EnvVar("USERNAME", _str, "User name where USER is unset."),
     EnvVar("HF_HUB_OFFLINE", _flag, "Never contact the Hugging Face Hub (huggingface_hub's own variable)."),
     EnvVar("CC", _str, "C compiler for the native CPU kernels; default cc, then gcc, then clang."),
     EnvVar(

@@ -7,13 +7,13 @@ diffusion) keep their cheap checks; the features themselves are rejected afterwa
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pagedllm import envs
 from pagedllm.config import construction_checks as checks
 from pagedllm.config import graph_sizes
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
@@ -31,7 +31,7 @@ from pagedllm.config.construction_exotic import (
 from pagedllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG, apply_optimization_level_defaults
 from pagedllm.config.quantization import QuantizationConfig, get_quantization_method
 from pagedllm.config.runner_select import validate_model_runner
-from pagedllm.config.utils import env_flag, info_once, warning_once
+from pagedllm.config.utils import info_once, warning_once
 from pagedllm.config.watermark_check import check_supports_watermarking
 
 if TYPE_CHECKING:
@@ -172,14 +172,16 @@ def _graph_sizing(cfg: EngineConfig) -> None:
 def _maybe_enable_breakable_cudagraph(cfg: EngineConfig) -> bool:
     """P29 / spec 5.19."""
     mc = cfg.model_config
-    if os.environ.get("PAGEDLLM_USE_BREAKABLE_CUDAGRAPH") is None and mc is not None:
+    # The decision is returned, not written back to the environment as the reference does: config
+    # construction never changes os.environ.
+    enabled = envs.PAGEDLLM_USE_BREAKABLE_CUDAGRAPH
+    if enabled is None and mc is not None:
         breakable_archs = _platform().default_breakable_cudagraph_architectures()
-        if set(mc.architectures) & breakable_archs:
+        enabled = bool(set(mc.architectures) & breakable_archs)
+        if enabled:
             info_once(f"using breakable CUDA graphs for {mc.architecture}")
-            os.environ["PAGEDLLM_USE_BREAKABLE_CUDAGRAPH"] = "1"
     # The upstream batch-invariance trigger needs tuned matmul tables per GPU family; pagedllm ships
     # none, so that heuristic never holds and only the architecture set and the variable decide.
-    enabled = bool(env_flag("PAGEDLLM_USE_BREAKABLE_CUDAGRAPH"))
     if enabled:
         cfg.compilation_config.mode = CompilationMode.NONE
     return enabled
@@ -252,7 +254,7 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
         raise ValueError("per_request_spec_decode_metrics needs speculative decoding (speculative_config)")
     mm = mc.multimodal_config if mc is not None else None
     if mm and mm.get("mm_tensor_ipc") == "torch_shm":  # P25
-        if os.environ.get("PAGEDLLM_WORKER_MULTIPROC_METHOD") != "spawn":
+        if envs.PAGEDLLM_WORKER_MULTIPROC_METHOD != "spawn":
             raise ValueError("mm_tensor_ipc='torch_shm' needs PAGEDLLM_WORKER_MULTIPROC_METHOD=spawn")
     if (  # P26
         mc is not None
@@ -269,7 +271,7 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
         else:
             warning_once("enforce_eager: compilation, CUDA graphs and JIT warm-up are disabled")
             cfg.kernel_config.enable_jit_warmup = False
-    if os.environ.get("TORCH_COMPILE_DISABLE") == "1":  # P28
+    if envs.TORCH_COMPILE_DISABLE:  # P28
         warning_once("TORCH_COMPILE_DISABLE=1: compilation is disabled")
         cc.mode = CompilationMode.NONE
     breakable = _maybe_enable_breakable_cudagraph(cfg)  # P29
@@ -334,7 +336,7 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
     effective_dp = pc.data_parallel_size if (mc is None or mc.is_moe) else 1
     cc.set_splitting_ops_for_v1(all2all_backend=pc.all2all_backend, data_parallel_size=effective_dp)  # P58
     checks.final_cuda_checks(cfg, breakable)  # P59
-    if mc is not None and env_flag("PAGEDLLM_BATCH_INVARIANT") and not mc.disable_cascade_attn:  # P60
+    if mc is not None and envs.PAGEDLLM_BATCH_INVARIANT and not mc.disable_cascade_attn:  # P60
         warning_once("batch invariance: cascade attention is disabled")
         mc.disable_cascade_attn = True
     if pc.use_ubatching:  # P61
@@ -359,16 +361,16 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
     _maybe_add_quant_fp8(cfg)  # P69
     kv = cfg.kv_transfer_config  # P70
     if kv is not None and kv.kv_connector is not None:
-        alloc = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        alloc = envs.PYTORCH_CUDA_ALLOC_CONF or ""
         if "expandable_segments:True" in alloc and not (mc is not None and mc.enable_cumem_allocator):
             raise ValueError(
                 "KV connectors register KV memory, which PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
                 "remaps; unset that option or enable the cuMem allocator (enable_cumem_allocator=True)"
             )
     if cfg.use_cumem_cudagraph_pool:  # P71
-        current = os.environ.get("NCCL_GRAPH_REGISTER")
-        if current is None:
-            os.environ["NCCL_GRAPH_REGISTER"] = "0"
-        elif current != "0":
+        # The reference writes NCCL_GRAPH_REGISTER=0 when unset; pagedllm's config never writes
+        # os.environ, and it creates no NCCL communicator yet, so only a conflicting value is reported.
+        current = envs.NCCL_GRAPH_REGISTER
+        if current is not None and current != "0":
             logger.warning("NCCL_GRAPH_REGISTER=%s with CUDA graphs in the cuMem pool may fail", current)
     cc.pass_config.log_enabled_passes()  # P72

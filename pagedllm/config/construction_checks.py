@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagedllm import envs
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.config.speculative import EAGLE_FAMILY, NGRAM_GPU_METHODS
-from pagedllm.config.utils import env_flag, info_once, warning_once
+from pagedllm.config.utils import info_once, warning_once
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
@@ -86,7 +86,7 @@ def resolve_hybrid_kv_cache_manager(cfg: EngineConfig) -> None:
     if mc is not None and mc.attention_chunk_size is not None:
         if spec is not None and spec.use_eagle():
             need_disable = True
-        elif not env_flag("PAGEDLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"):
+        elif not envs.PAGEDLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE:
             logger.warning(
                 "chunked local attention with the hybrid KV cache manager has a latency regression"
             )
@@ -117,7 +117,7 @@ def post_init_kv_transfer_config(cfg: EngineConfig) -> None:
         cfg.kv_transfer_config = KVTransferConfig()
     kv = cfg.kv_transfer_config
     if cc.kv_offloading_backend == "native":
-        simple = env_flag("PAGEDLLM_USE_SIMPLE_KV_OFFLOAD")
+        simple = envs.PAGEDLLM_USE_SIMPLE_KV_OFFLOAD
         kv.kv_connector = "SimpleCPUOffloadConnector" if simple else "OffloadingConnector"
         kv.kv_connector_extra_config.update({"cpu_bytes_to_use": cc.kv_offloading_size * 2**30})
     elif cc.kv_offloading_backend == "lmcache":
@@ -198,7 +198,7 @@ def final_cuda_checks(cfg: EngineConfig, breakable: bool) -> None:
     ):
         warning_once("batches using cascade attention run eagerly (no piecewise CUDA graphs to fall back to)")
     if mode.requires_piecewise_compilation():
-        assert cc.mode == CompilationMode.VLLM_COMPILE or env_flag("PAGEDLLM_USE_BREAKABLE_CUDAGRAPH"), (
+        assert cc.mode == CompilationMode.VLLM_COMPILE or breakable, (
             f"cudagraph_mode {mode.name} needs compilation mode VLLM_COMPILE, got {cc.mode}"
         )
 
@@ -208,7 +208,7 @@ def resolve_debug_dump_path(cfg: EngineConfig) -> None:
     cc = cfg.compilation_config
     if cc.debug_dump_path is not None:
         cc.debug_dump_path = cc.debug_dump_path.absolute().expanduser()
-    env = os.environ.get("PAGEDLLM_DEBUG_DUMP_PATH")
+    env = envs.PAGEDLLM_DEBUG_DUMP_PATH
     if env:
         if cc.debug_dump_path is not None:
             logger.warning("PAGEDLLM_DEBUG_DUMP_PATH overrides compilation_config.debug_dump_path")

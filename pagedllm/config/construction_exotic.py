@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 from typing import TYPE_CHECKING
 
+from pagedllm import envs
 from pagedllm.config.compilation import CUDAGraphMode
 from pagedllm.config.utils import info_once, warning_once
 
@@ -146,7 +146,7 @@ def check_late_exotic(cfg: EngineConfig) -> None:
         warning_once("kv_sharing_fast_prefill needs model-side support")
     mc = cfg.model_config
     if mc is not None and mc.architecture == "WhisperForConditionalGeneration":
-        if os.environ.get("PAGEDLLM_WORKER_MULTIPROC_METHOD") != "spawn":
+        if envs.PAGEDLLM_WORKER_MULTIPROC_METHOD != "spawn":
             warning_once("Whisper works best with PAGEDLLM_WORKER_MULTIPROC_METHOD=spawn")
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from pagedllm import envs
 from pagedllm.config.attention import AttentionConfig
 from pagedllm.config.cache import CacheConfig
 from pagedllm.config.compilation import CompilationConfig, CUDAGraphMode
@@ -49,7 +50,7 @@ from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.config.scheduler import SchedulerConfig
 from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.config.structured_outputs import StructuredOutputsConfig
-from pagedllm.config.utils import config, env_flag
+from pagedllm.config.utils import config
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -284,9 +285,9 @@ class EngineConfig:
 
     def enable_trace_function_call_for_thread(self) -> None:
         """With PAGEDLLM_TRACE_FUNCTION set, log every Python call of this thread to a file."""
-        if not env_flag("PAGEDLLM_TRACE_FUNCTION"):
+        if not envs.PAGEDLLM_TRACE_FUNCTION:
             return
-        user = os.environ.get("USER") or os.environ.get("USERNAME") or "user"
+        user = envs.USER or envs.USERNAME or "user"
         name = (
             f"PAGEDLLM_TRACE_FUNCTION_for_process_{os.getpid()}_thread_{threading.get_ident()}_at_"
             f"{time.strftime('%Y-%m-%d %H:%M:%S')}.log"

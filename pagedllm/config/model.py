@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import torch
 from pydantic import Field
 
+from pagedllm import envs
 from pagedllm.config import hf_utils
 from pagedllm.config.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
 from pagedllm.config.model_source import DEFAULT_MODEL, resolve_model_source
-from pagedllm.config.utils import config, env_flag, hash_fields
+from pagedllm.config.utils import config, hash_fields
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -212,7 +213,7 @@ class ModelConfig:
         if self.max_model_len is None:
             return derived
         assert isinstance(self.max_model_len, int)
-        if self.max_model_len > derived and not env_flag("PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        if self.max_model_len > derived and not envs.PAGEDLLM_ALLOW_LONG_MAX_MODEL_LEN:
             raise ValueError(
                 f"max_model_len ({self.max_model_len}) is greater than the maximum length of model "
                 f"{self.model!r} ({derived}, from {key}); lower max_model_len or set "

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from pagedllm import envs
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 # The embedded default ships as a pip package holding one GGUF with tokenizer and chat template.
@@ -91,7 +92,7 @@ def resolve_local(path: Path) -> ModelSource:
 
 
 def hub_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
+    return bool(envs.HF_HUB_OFFLINE)
 
 
 def download_model_files(

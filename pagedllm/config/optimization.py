@@ -8,15 +8,15 @@ import importlib.util
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pagedllm import envs
 from pagedllm.config.compilation import CUDAGraphMode
-from pagedllm.config.utils import env_flag
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
 
 
 def _batch_invariant() -> bool:
-    return bool(env_flag("PAGEDLLM_BATCH_INVARIANT"))
+    return bool(envs.PAGEDLLM_BATCH_INVARIANT)
 
 
 def _aiter_enabled() -> bool:

@@ -8,7 +8,8 @@ import importlib.util
 import logging
 from typing import TYPE_CHECKING
 
-from pagedllm.config.utils import env_flag, info_once, warning_once
+from pagedllm import envs
+from pagedllm.config.utils import info_once, warning_once
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
@@ -59,7 +60,7 @@ def v2_unsupported_features(cfg: EngineConfig) -> list[str]:
         if spec.use_heterogeneous_vocab:
             found.append("heterogeneous-vocabulary draft model")
     if pc.use_ubatching:
-        if env_flag("PAGEDLLM_USE_V2_MODEL_RUNNER") is None:
+        if envs.PAGEDLLM_USE_V2_MODEL_RUNNER is None:
             found.append("dual batch overlap")
         else:
             found.extend(f"dual batch overlap with {f}" for f in dbo_unsupported_features(cfg))
@@ -103,7 +104,7 @@ def _v2_forced_by(cfg: EngineConfig) -> str:
 
 
 def select_v2_model_runner(cfg: EngineConfig) -> bool:
-    flag = env_flag("PAGEDLLM_USE_V2_MODEL_RUNNER")
+    flag = envs.PAGEDLLM_USE_V2_MODEL_RUNNER
     if cfg.attention_config.hisparse_config is not None:
         if flag is False:
             raise ValueError("HiSparse needs the V2 model runner but PAGEDLLM_USE_V2_MODEL_RUNNER=0")

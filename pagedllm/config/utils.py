@@ -8,13 +8,14 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ConfigDict
 from pydantic.dataclasses import dataclass
+
+from pagedllm import envs
 
 logger = logging.getLogger("pagedllm.config")
 
@@ -79,18 +80,10 @@ def hash_all_fields_except(obj: Any, excluded: Iterable[str]) -> str:
 def cache_root() -> Path:
     """Where pagedllm keeps its on-disk caches (compiled graphs, converted tokenizers):
     `$PAGEDLLM_CACHE_ROOT`, else `$XDG_CACHE_HOME/pagedllm`, else `~/.cache/pagedllm`."""
-    root = os.environ.get("PAGEDLLM_CACHE_ROOT")
+    root = envs.PAGEDLLM_CACHE_ROOT
     if root:
         return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedllm"
-
-
-def env_flag(name: str) -> bool | None:
-    """Tri-state boolean environment variable: unset -> None, "1"/"true" -> True, else False."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+    return Path(envs.XDG_CACHE_HOME or Path.home() / ".cache") / "pagedllm"
 
 
 @functools.cache

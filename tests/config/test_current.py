@@ -262,6 +262,26 @@ def test_breakable_cudagraph_env_keeps_piecewise_without_compilation(
     assert cc.mode == CompilationMode.NONE and cc.cudagraph_mode == CUDAGraphMode.FULL_AND_PIECEWISE
 
 
+def test_breakable_cudagraph_default_decided_without_writing_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reference writes the variable back (and NCCL_GRAPH_REGISTER); pagedllm's construction keeps
+    the decision in the config and leaves os.environ as it found it."""
+    from pagedllm.config import CompilationMode
+    from pagedllm.platforms.cuda import CudaPlatform
+
+    monkeypatch.delenv("PAGEDLLM_USE_BREAKABLE_CUDAGRAPH", raising=False)
+    monkeypatch.setattr(
+        CudaPlatform,
+        "default_breakable_cudagraph_architectures",
+        lambda self: frozenset({"LlamaForCausalLM"}),
+    )
+    before = dict(os.environ)
+    cc = build_cuda().compilation_config
+    assert dict(os.environ) == before
+    assert cc.mode == CompilationMode.NONE
+
+
 def test_rocm_only_fusion_predicates_are_off() -> None:
     from pagedllm.config import (
         enable_mla_dual_rms_norm_fusion,
