@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pagedllm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
+from pagedllm.chat_template import apply_chat_template, parse_chat_messages
 from pagedllm.tokenizer import get_tokenizer
 
 CONVERSATIONS: list[list[dict[str, Any]]] = [
