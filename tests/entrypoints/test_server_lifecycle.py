@@ -28,9 +28,12 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
     )
     try:
         # --chat-template (a file) replaces the model's template.
-        chat = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]})
+        auth = {"Authorization": "Bearer sekrit"}
+        chat = httpx.post(
+            f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}, headers=auth
+        )
         plain = httpx.post(
-            f"{server.url}/tokenize", json={"prompt": "[user] Hi", "add_special_tokens": False}
+            f"{server.url}/tokenize", json={"prompt": "[user] Hi", "add_special_tokens": False}, headers=auth
         )
         assert chat.json()["tokens"] == plain.json()["tokens"]
         # API key on: /v1 needs it, /health does not.
