@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over an `AsyncLLM`, run by uvicorn.
 
 Shutdown (SIGTERM/SIGINT): uvicorn stops accepting connections and waits up to `shutdown_timeout`
-seconds for the requests in flight; then it cancels the rest (which aborts them in the engine), the
-engine core process is stopped, and the process exits with status 0.
+seconds for the requests in flight; then the rest are failed in the engine (each client gets an error:
+an SSE error event and [DONE], or a 503), the engine core process is stopped, and the process exits with
+status 0. If the engine core dies, the requests in flight fail the same way and the process exits with
+status 1, so that a supervisor restarts it.
 """
 
 from __future__ import annotations
