@@ -1,5 +1,8 @@
 """The executor interface: how the engine core reaches its workers.
 
+The core calls worker methods by name through `collective_rpc` (every worker runs the call; the
+results come back in rank order), so a new worker capability needs no new executor method.
+
 `Executor.get_class(engine_config)` picks the implementation from
 `parallel_config.distributed_executor_backend`; backends that do not exist yet fail there, at engine
 start-up, with a message naming the option.
