@@ -376,6 +376,7 @@ class Scheduler:
         sampled = model_runner_output.sampled_token_ids
         logprobs = model_runner_output.logprobs
         prompt_logprobs = model_runner_output.prompt_logprobs
+        spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
         any_stopped = False
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
@@ -383,11 +384,10 @@ class Scheduler:
                 continue  # aborted after it was scheduled
             i = index.get(req_id)
             generated = sampled[i] if i is not None else []
-            num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
-            if num_draft and generated:
+            if spec_decode_tokens and generated and req_id in spec_decode_tokens:
                 # The runner returns the accepted drafts plus one token: the KV of the rejected
                 # drafts is recomputed (overwritten) from here on.
-                request.num_computed_tokens -= num_draft + 1 - len(generated)
+                request.num_computed_tokens -= len(spec_decode_tokens[req_id]) + 1 - len(generated)
             new_token_ids: list[int] = []
             stopped = False
             for token_id in generated:
