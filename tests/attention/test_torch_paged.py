@@ -177,31 +177,49 @@ def test_native_kernel_calls_per_step(decode_path: str, monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(
-    ("heads", "kv_heads", "head_size", "window"),
-    [(9, 3, 64, None), (4, 4, 128, None), (7, 1, 32, 21), (8, 2, 64, 40)],
-    ids=["smollm2", "mha-128", "mqa-32-window", "gqa-window"],
+    ("heads", "kv_heads", "head_size", "window", "soft_cap"),
+    [
+        (9, 3, 64, None, None),
+        (4, 4, 128, None, None),
+        (7, 1, 32, 21, None),
+        (8, 2, 64, 40, None),
+        (8, 2, 64, 40, 0.7),
+    ],
+    ids=["smollm2", "mha-128", "mqa-32-window", "gqa-window", "gqa-window-softcap"],
 )
 def test_native_prompt_kernel(
     heads: int,
     kv_heads: int,
     head_size: int,
     window: int | None,
+    soft_cap: float | None,
     block_size: int,
     decode_path: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """bfloat16 prompts with head sizes in multiples of 32 run the native prompt kernel, one call
     per step for all segments: fresh prompts, chunks over cached prefixes (query tiles and 16-key
-    chunks cut at odd places), windows, beside the cache's never-written (NaN) slots."""
+    chunks cut at odd places), windows, soft caps, beside the cache's never-written (NaN) slots."""
     if decode_path != "native":
         pytest.skip("the native path")
+    lib = cpu_decode.kernel()
+    if lib is None or not lib.prefill_supported():
+        pytest.skip("the prompt kernel needs AVX512-BF16, which this CPU lacks")
     calls: list[int] = []
     original = cpu_decode.prefill_layer
     monkeypatch.setattr(
         cpu_decode, "prefill_layer", lambda *a: (calls.append(a[3].segments.shape[0]), original(*a))[1]
     )
     steps = [*MIXED_STEPS, [("f", 150), ("a", 1)], [("f", 70), ("g", 33)], [("f", 1), ("g", 1)]]
-    _run_steps(steps, heads, kv_heads, window, torch.bfloat16, block_size=block_size, head_size=head_size)
+    _run_steps(
+        steps,
+        heads,
+        kv_heads,
+        dtype=torch.bfloat16,
+        block_size=block_size,
+        head_size=head_size,
+        layers=[(window, soft_cap)],
+    )
     prompts = [sum(n > MAX_DECODE_QUERY_LEN for _, n in chunks) for chunks in steps]
     assert calls == [count for count in prompts if count]
 

@@ -98,20 +98,24 @@ def dense_decode(
 
 
 @functools.cache
-def _compiled_dense_decode() -> Callable[..., torch.Tensor]:
-    # A model needs up to four graphs (one or more requests, one or more blocks); every other head
-    # layout, window or dtype in the process adds its own.
-    return torch.compile(dense_decode, fullgraph=True, dynamic=False, recompile_limit=64)
+def _compiled_dense_decode(kind: tuple[Any, ...]) -> Callable[..., torch.Tensor]:
+    # One compiled function per kind of layer (its parameters, cache dtype and block size), each
+    # with its own recompile budget (`isolate_recompiles`): a kind needs up to four graphs (one or
+    # more rows, one or more blocks), and layers of other windows, soft caps, head layouts or dtypes
+    # in the process no longer count against it.
+    return torch.compile(
+        dense_decode, fullgraph=True, dynamic=False, recompile_limit=64, isolate_recompiles=True
+    )
 
 
-def _run_compiled_dense(*args: Any) -> torch.Tensor:
+def _run_compiled_dense(kind: tuple[Any, ...], *args: Any) -> torch.Tensor:
     q, k_cache, v_cache, block_tables, seq_lens = args[:5]
-    # Requests, cache blocks and table width vary per step: one graph serves them all. Sizes of 1
-    # (a single request, a single block) are specialized by Dynamo into graphs of their own.
+    # Rows, cache blocks and table width vary per step: one graph serves them all. Sizes of 1
+    # (a single row, a single block) are specialized by Dynamo into graphs of their own.
     for t, dims in ((q, (0,)), (k_cache, (0,)), (v_cache, (0,)), (block_tables, (0, 1)), (seq_lens, (0,))):
         for d in dims:
             torch._dynamo.maybe_mark_dynamic(t, d)
-    return _compiled_dense_decode()(*args)
+    return _compiled_dense_decode(kind)(*args)
 
 
 def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -262,8 +266,9 @@ class TorchPagedAttentionImpl(AttentionImpl):
         if isinstance(p, DenseDecodePlan):
             q = q.reshape(p.num_rows, self.num_kv_heads, group, self.head_size)
             window, cap = self.params.sliding_window, self.params.logits_soft_cap
+            kind = (self.params, kv_cache.dtype, kv_cache.shape[3])
             o = _run_compiled_dense(
-                q, kv_cache[0], kv_cache[1], p.block_tables, p.seq_lens, self.scale, window, cap
+                kind, q, kv_cache[0], kv_cache[1], p.block_tables, p.seq_lens, self.scale, window, cap
             )
             self._store_decode(o.reshape(p.num_rows, self.num_heads, self.head_size), p.rows, out)
             return
