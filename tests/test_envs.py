@@ -12,12 +12,15 @@ from pagedllm import envs
 
 PACKAGE = Path(pagedllm.__file__).parent
 
-# Places that hand the whole environment to a child process (or apply the parent's in the child):
-# they copy the environment, they do not read a variable.
+# Places that hand the whole environment to a child process (or apply the parent's in the child), and
+# the one that tells a third-party library where to cache: none reads a pagedllm variable.
 _ENV_COPIES = {
     "engine/core_client.py",
     "engine/core_proc.py",
     "benchmarks/startup.py",
+    # Inductor reads its cache directory only from TORCHINDUCTOR_CACHE_DIR (no config setting); the
+    # compiled forward points it at pagedllm's per-config cache when it compiles, not at construction.
+    "worker/compiled_forward.py",
 }
 _ENV_ACCESS = re.compile(r"os\.environ|os\.getenv|os\.putenv")
 
