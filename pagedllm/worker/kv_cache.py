@@ -7,6 +7,8 @@ allocates that many blocks per layer.
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,3 +111,29 @@ def check_num_blocks(num_blocks: int, block_size: int, max_model_len: int, bytes
             f"needs {needed} blocks ({needed * bytes_per_block / 2**20:.1f} MiB); raise kv_cache_memory_bytes "
             "(CPU) / gpu_memory_utilization (CUDA) or num_gpu_blocks_override, or lower max_model_len"
         )
+
+
+def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On CPU it lives in anonymous mmap'd memory, which the OS hands out zeroed page by
+    page on first touch: the cache costs RAM only for the blocks actually used, instead of `torch.zeros`
+    writing (and so committing) the whole budget at start-up."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # torch.frombuffer keeps a reference to the mmap, so it lives as long as the tensor.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
+
+
+def resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    if cache_dtype == "auto":
+        return model_dtype
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if cache_dtype not in dtypes:
+        raise ValueError(
+            f"cache_dtype={cache_dtype!r} is not supported by the model runner yet "
+            f"(supported: auto, {', '.join(dtypes)})"
+        )
+    return dtypes[cache_dtype]

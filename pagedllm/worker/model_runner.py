@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import mmap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,40 +42,21 @@ from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
-from pagedllm.sample.logprobs import compute_prompt_logprobs
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.input_batch import InputBatch, RowTokens
-from pagedllm.worker.kv_cache import KVCacheSpec, cpu_kv_cache_budget, profile_cuda_kv_cache_budget
+from pagedllm.worker.kv_cache import (
+    KVCacheSpec,
+    allocate_zeroed,
+    cpu_kv_cache_budget,
+    profile_cuda_kv_cache_budget,
+    resolve_cache_dtype,
+)
+from pagedllm.worker.prompt_logprobs import PromptLogprobs
+from pagedllm.worker.staged_buffer import StagedBuffer
 
 logger = logging.getLogger("pagedllm.worker")
-
-# Prompt-logprobs rows are turned into [rows, vocab] logits this many at a time, so a long prompt chunk
-# does not materialize a chunk-sized float32 vocabulary matrix at once.
-_PROMPT_LOGPROBS_ROWS = 1024
-
-
-class _StagedBuffer:
-    """A persistent host buffer (numpy view for vectorized writes) mirrored on the device.
-
-    On CPU the device tensor *is* the host tensor: inputs are built in place with no copy. On CUDA the
-    host side is pinned and copied asynchronously into a persistent device tensor, so no device memory
-    is allocated per step (and the addresses stay fixed for graph capture later)."""
-
-    def __init__(
-        self, size: int | tuple[int, ...], dtype: torch.dtype, device: torch.device, pin: bool
-    ) -> None:
-        self.cpu = torch.zeros(size, dtype=dtype, pin_memory=pin)
-        self.np = self.cpu.numpy()
-        self.device = self.cpu if device.type == "cpu" else torch.zeros(size, dtype=dtype, device=device)
-
-    def to_device(self, n: int) -> torch.Tensor:
-        if self.device is self.cpu:
-            return self.cpu[:n]
-        self.device[:n].copy_(self.cpu[:n], non_blocking=True)
-        return self.device[:n]
-
 
 @dataclass
 class _StepInputs:
@@ -113,7 +92,7 @@ class ModelRunner:
         self.cache_config = engine_config.cache_config
         self.device: torch.device = torch.device(engine_config.device_config.device)
         self.dtype: torch.dtype = mc.dtype
-        self.kv_cache_dtype = _resolve_cache_dtype(self.cache_config.cache_dtype, mc.dtype)
+        self.kv_cache_dtype = resolve_cache_dtype(self.cache_config.cache_dtype, mc.dtype)
         self.block_size: int = self.cache_config.block_size
         self.max_model_len: int = mc.max_model_len
         sc = engine_config.scheduler_config
@@ -127,7 +106,7 @@ class ModelRunner:
         # Kept across preemption (dropped only when the request finishes): a resumed seeded request
         # continues its random stream, and prompt logprobs are not sent twice.
         self.generators: dict[str, torch.Generator] = {}
-        self.prompt_logprobs_next: dict[str, int] = {}
+        self.prompt_logprobs = PromptLogprobs(self.device)
         self.model: nn.Module | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
@@ -136,15 +115,15 @@ class ModelRunner:
 
         pin = current_platform.is_pin_memory_available() and self.device.type != "cpu"
         t, r = self.max_num_tokens, self.max_num_reqs
-        self._input_ids = _StagedBuffer(t, torch.int64, self.device, pin)
-        self._positions = _StagedBuffer(t, torch.int64, self.device, pin)
-        self._slot_mapping = _StagedBuffer(t, torch.int64, self.device, pin)
-        self._query_start_loc = _StagedBuffer(r + 1, torch.int32, self.device, pin)
-        self._seq_lens = _StagedBuffer(r, torch.int32, self.device, pin)
-        self._num_computed = _StagedBuffer(r, torch.int32, self.device, pin)
-        self._block_tables = _StagedBuffer((r, self.max_num_blocks_per_req), torch.int32, self.device, pin)
+        self._input_ids = StagedBuffer(t, torch.int64, self.device, pin)
+        self._positions = StagedBuffer(t, torch.int64, self.device, pin)
+        self._slot_mapping = StagedBuffer(t, torch.int64, self.device, pin)
+        self._query_start_loc = StagedBuffer(r + 1, torch.int32, self.device, pin)
+        self._seq_lens = StagedBuffer(r, torch.int32, self.device, pin)
+        self._num_computed = StagedBuffer(r, torch.int32, self.device, pin)
+        self._block_tables = StagedBuffer((r, self.max_num_blocks_per_req), torch.int32, self.device, pin)
         # One logits row per scheduled token at most (every token of a request verifying drafts).
-        self._logits_indices = _StagedBuffer(t, torch.int64, self.device, pin)
+        self._logits_indices = StagedBuffer(t, torch.int64, self.device, pin)
         # Reused index scratch of the flattened batch.
         self._arange = np.arange(max(t, r + 1), dtype=np.int64)
         # Marks the end of a step's host->device input copies: the pinned host buffers are rewritten
@@ -237,7 +216,7 @@ class ModelRunner:
         spec = self.get_kv_cache_spec()
         backend = get_attn_backend()
         self.kv_caches = [
-            _zeros(
+            allocate_zeroed(
                 backend.get_kv_cache_shape(num_blocks, self.block_size, kv_heads, head_size),
                 self.kv_cache_dtype,
                 self.device,
@@ -286,7 +265,7 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             batch.remove_request(req_id)
             self.generators.pop(req_id, None)
-            self.prompt_logprobs_next.pop(req_id, None)
+            self.prompt_logprobs.forget(req_id)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)
         for new in so.scheduled_new_reqs:
@@ -294,8 +273,8 @@ class ModelRunner:
             params = new.sampling_params
             if params.seed is not None and not params.is_greedy and new.req_id not in self.generators:
                 self.generators[new.req_id] = make_generator(params.seed, self.device)
-            if params.prompt_logprobs is not None and new.req_id not in self.prompt_logprobs_next:
-                self.prompt_logprobs_next[new.req_id] = new.num_computed_tokens
+            if params.prompt_logprobs is not None:
+                self.prompt_logprobs.track(new.req_id, new.num_computed_tokens)
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
@@ -452,9 +431,11 @@ class ModelRunner:
                 logprobs[i] = sampled_lps[j]
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
-        if self.prompt_logprobs_next:
+        if self.prompt_logprobs:
             with self._numerics():
-                prompt_logprobs = self._prompt_logprobs(model, state.hidden, inputs)
+                prompt_logprobs = self.prompt_logprobs.compute(
+                    model, state.hidden, self.input_batch, inputs.req_ids, inputs.rows, inputs.query_start_loc
+                )
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
@@ -500,64 +481,3 @@ class ModelRunner:
         if out.logprobs is None:
             return sampled, [None] * n
         return sampled, out.logprobs.to_request_lists(metadata.num_logprobs)
-
-    def _prompt_logprobs(
-        self, model: nn.Module, hidden: torch.Tensor, inputs: _StepInputs
-    ) -> dict[str, LogprobsLists | None]:
-        """Logprobs of each prompt token given the tokens before it, for this step's chunk (the first
-        prompt token has none). Requests with prompt logprobs are few; the loop is per request."""
-        batch = self.input_batch
-        out: dict[str, LogprobsLists | None] = {}
-        for i, req_id in enumerate(inputs.req_ids):
-            start_pos = self.prompt_logprobs_next.get(req_id)
-            if start_pos is None:
-                continue
-            row = int(inputs.rows[i])
-            computed = int(batch.num_computed_tokens[row])
-            first, last = int(inputs.query_start_loc[i]), int(inputs.query_start_loc[i + 1])
-            # Positions p predict the prompt token p + 1; the last prompt position predicts an output.
-            begin = max(start_pos, computed)
-            end = min(computed + last - first, int(batch.num_prompt_tokens[row]) - 1)
-            if end <= begin:
-                continue
-            params = batch.sampling_params[row]
-            assert params is not None and params.prompt_logprobs is not None
-            parts = []
-            for lo in range(begin, end, _PROMPT_LOGPROBS_ROWS):
-                hi = min(lo + _PROMPT_LOGPROBS_ROWS, end)
-                logits = model.compute_logits(hidden[first + lo - computed : first + hi - computed])
-                targets = torch.from_numpy(batch.token_ids[row, lo + 1 : hi + 1]).to(self.device)
-                parts.append(compute_prompt_logprobs(logits, targets, params.prompt_logprobs).tolists())
-            out[req_id] = LogprobsLists(
-                token_ids=[t for p in parts for t in p.token_ids],
-                logprobs=[lp for p in parts for lp in p.logprobs],
-                sampled_token_ranks=[r for p in parts for r in p.sampled_token_ranks],
-            )
-            self.prompt_logprobs_next[req_id] = end
-        return out
-
-
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero tensor. On CPU it lives in anonymous mmap'd memory, which the OS hands out zeroed page by
-    page on first touch: the cache costs RAM only for the blocks actually used, instead of `torch.zeros`
-    writing (and so committing) the whole budget at start-up."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    numel = math.prod(shape)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.zeros(shape, dtype=dtype)
-    # torch.frombuffer keeps a reference to the mmap, so it lives as long as the tensor.
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
-
-
-def _resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
-    if cache_dtype == "auto":
-        return model_dtype
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if cache_dtype not in dtypes:
-        raise ValueError(
-            f"cache_dtype={cache_dtype!r} is not supported by the model runner yet "
-            f"(supported: auto, {', '.join(dtypes)})"
-        )
-    return dtypes[cache_dtype]
