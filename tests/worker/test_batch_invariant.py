@@ -29,6 +29,28 @@ def test_a_rows_product_does_not_depend_on_the_rows_beside_it(dtype: torch.dtype
             assert torch.equal(F.linear(x[start : start + rows], weight), full[start : start + rows])
 
 
+def test_shapes_failing_the_probe_run_row_by_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the machine's padded products are batch-dependent, each row is its own product."""
+    from pagedllm.worker import batch_invariant
+
+    monkeypatch.setattr(batch_invariant, "padding_is_invariant", lambda *shape: False)
+    calls: list[int] = []
+    real = batch_invariant._row_by_row_linear
+
+    def counting(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return real(x, w, b)
+
+    monkeypatch.setattr(batch_invariant, "_row_by_row_linear", counting)
+    gen = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(24, 16, generator=gen), torch.randn(5, 16, generator=gen)
+    with BatchInvariantMode():
+        y = F.linear(x, weight)
+    assert calls == [5]
+    for i in range(5):
+        assert torch.equal(y[i : i + 1], F.linear(x[i : i + 1], weight))
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
