@@ -12,10 +12,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from pagedllm.chat_template import apply_chat_template
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.input_processor import PromptType, TokensPrompt
 from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.entrypoints.chat_utils import apply_chat_template
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 

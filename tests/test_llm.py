@@ -6,6 +6,8 @@ import json
 import math
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,15 @@ def test_max_model_len_past_the_model_maximum(
     prompt = (llm.get_tokenizer().encode(PROMPTS[2]) * 4)[:48]
     (output,) = llm.generate({"prompt_token_ids": prompt}, GREEDY, use_tqdm=False)
     assert output.outputs[0].token_ids == hf_greedy(short, [prompt], GREEDY.max_tokens)[0]
+
+
+def test_offline_api_and_engine_do_not_import_the_server() -> None:
+    # Layers call down: the offline API, the engine and the configs work without the HTTP server.
+    code = (
+        "import sys, pagedllm.llm, pagedllm.engine.llm_engine, pagedllm.engine.async_llm, pagedllm.config.args; "
+        "print(sorted(m for m in sys.modules if m.startswith('pagedllm.entrypoints')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert result.stdout.strip() == "[]"

@@ -70,7 +70,7 @@ def build_workload(args: argparse.Namespace, llm) -> list[SampleRequest]:
         )
     requests = chat_requests(args.dataset, args.num_prompts, args.output_len)
     # Render the chat template once here so both engines see the same token ids.
-    from pagedllm.entrypoints.chat_utils import apply_chat_template
+    from pagedllm.chat_template import apply_chat_template
 
     for req in requests:
         text = apply_chat_template(tokenizer, req.messages, add_generation_prompt=True)

@@ -27,13 +27,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic.fields import FieldInfo
 
-from pagedllm.config.engine import EngineConfig
-from pagedllm.entrypoints.arg_parser import (
+from pagedllm.config.arg_parser import (
     CONFIG_FILE_FLAG,
     JSONMergeAction,
     parse_json_object,
     parse_json_value,
 )
+from pagedllm.config.engine import EngineConfig
 
 # Sub-configs whose fields are flattened into EngineArgs, in --help order.
 FLAT_CONFIGS = (

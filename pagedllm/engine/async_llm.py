@@ -253,11 +253,16 @@ class AsyncLLM:
             self.stat_logger.log()
 
     # ------------------------------------------------------------------------------------ shutdown
+    def fail_all_requests(self, reason: str) -> None:
+        """End every request in flight with EngineDeadError(reason) and abort it in the core: its
+        handler then answers the client with that error instead of being cut off."""
+        for request_id, collector in list(self._collectors.items()):
+            collector.put(EngineDeadError(reason))
+            self.abort_now(request_id)
+
     async def shutdown(self) -> None:
         """Abort what is still running, stop the core process and the background tasks."""
-        for request_id, collector in list(self._collectors.items()):
-            collector.put(EngineDeadError("The server is shutting down"))
-            self.abort_now(request_id)
+        self.fail_all_requests("The server is shutting down")
         if self._background:
             await asyncio.wait(list(self._background), timeout=2)
         tasks = [t for t in (self._output_task, self._stats_task) if t is not None]

@@ -13,9 +13,9 @@ import itertools
 import sys
 from typing import Any, TextIO
 
+from pagedllm.chat_template import apply_chat_template
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.input_processor import TokensPrompt
-from pagedllm.entrypoints.chat_utils import apply_chat_template
 from pagedllm.entrypoints.generate import add_sampling_args, sampling_params_from_args
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 

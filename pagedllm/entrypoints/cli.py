@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from pagedllm.entrypoints.arg_parser import FlexibleArgumentParser
+from pagedllm.config.arg_parser import FlexibleArgumentParser
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pagedllm.engine.core_client import EngineCoreProcess
 
+# The largest legitimate body is a batch of prompts filling the context: 128k tokens of text are ~0.5 MB
+# (~3 MB if every character is a JSON \u escape), as token ids ~1 MB. 32 MiB leaves room for several such
+# prompts while keeping one request from holding hundreds of megabytes of the server's memory.
+DEFAULT_MAX_REQUEST_BODY_BYTES = 32 * 1024 * 1024
+# vLLM's max_n_sequences (VLLM_MAX_N_SEQUENCES), with a default sized for a CPU server's batch.
+DEFAULT_MAX_N_SEQUENCES = 128
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from pagedllm.config.args import EngineArgs
@@ -37,6 +44,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--chat-template",
         default=None,
         help="Chat template (a Jinja string or a file path) replacing the tokenizer's.",
+    )
+    server.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+        help="Largest request body accepted, in bytes; larger ones get 413 before they are read.",
+    )
+    server.add_argument(
+        "--max-n-sequences",
+        type=int,
+        default=DEFAULT_MAX_N_SEQUENCES,
+        help="Largest `n` (choices per prompt) a request may ask for; more is a 400.",
     )
     server.add_argument(
         "--uvicorn-log-level",

@@ -1,12 +1,20 @@
 """Prometheus collectors of the server, labelled by the served model name.
 
+The names are vLLM's (`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, ...), so that dashboards,
+alerts and autoscalers written for vLLM read a pagedllm server unchanged; every family is also exposed
+under the `pagedllm:` prefix that earlier versions used.
+
 Each `PrometheusStatLogger` owns its own `CollectorRegistry` (served by ``/metrics``), so several
 servers or test apps in one process never collide in prometheus_client's global registry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from pagedllm.engine.protocol import SchedulerStats
 from pagedllm.metrics.stats import IterationStats
@@ -15,6 +23,39 @@ _LATENCY_BUCKETS = [
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
     80.0, 160.0, 640.0, 2560.0,
 ]  # fmt: skip
+
+
+# Tokens in one engine step: a decode step of a few requests up to a long prefill chunk.
+_ITERATION_TOKEN_BUCKETS = [
+    1.0,
+    8.0,
+    16.0,
+    32.0,
+    64.0,
+    128.0,
+    256.0,
+    512.0,
+    1024.0,
+    2048.0,
+    4096.0,
+    8192.0,
+    16384.0,
+]
+PREFIX = "vllm:"
+ALIAS_PREFIX = "pagedllm:"
+
+
+class _Aliases(Collector):
+    """The families of a registry again, under the `pagedllm:` prefix."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            alias = Metric(family.name.replace(PREFIX, ALIAS_PREFIX, 1), family.documentation, family.type)
+            alias.samples = [s._replace(name=s.name.replace(PREFIX, ALIAS_PREFIX, 1)) for s in family.samples]
+            yield alias
 
 
 def _token_buckets(max_model_len: int) -> list[float]:
@@ -33,19 +74,19 @@ def _token_buckets(max_model_len: int) -> list[float]:
 class PrometheusStatLogger:
     def __init__(self, model_name: str, max_model_len: int) -> None:
         self.registry = CollectorRegistry()
+        self._aliases = CollectorRegistry()
+        self._aliases.register(_Aliases(self.registry))
         labels = ["model_name"]
         reg = self.registry
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"pagedllm:{name}", doc, labels, registry=reg).labels(model_name)
+            return Gauge(f"{PREFIX}{name}", doc, labels, registry=reg).labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"pagedllm:{name}", doc, labels, registry=reg).labels(model_name)
+            return Counter(f"{PREFIX}{name}", doc, labels, registry=reg).labels(model_name)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(f"pagedllm:{name}", doc, labels, buckets=buckets, registry=reg).labels(
-                model_name
-            )
+            return Histogram(f"{PREFIX}{name}", doc, labels, buckets=buckets, registry=reg).labels(model_name)
 
         self.num_requests_running = gauge("num_requests_running", "Requests being processed by the engine.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
@@ -58,7 +99,7 @@ class PrometheusStatLogger:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self._request_success = Counter(
-            "pagedllm:request_success",
+            f"{PREFIX}request_success",
             "Requests finished, by finish reason.",
             ["model_name", "finished_reason"],
             registry=reg,
@@ -69,6 +110,31 @@ class PrometheusStatLogger:
         )
         self.inter_token_latency = histogram(
             "inter_token_latency_seconds", "Time between consecutive outputs of a request.", _LATENCY_BUCKETS
+        )
+        # vLLM keeps this older name of the inter-token latency for existing dashboards.
+        self.time_per_output_token = histogram(
+            "time_per_output_token_seconds",
+            "Time between consecutive outputs of a request.",
+            _LATENCY_BUCKETS,
+        )
+        self.request_time_per_output_token = histogram(
+            "request_time_per_output_token_seconds",
+            "Mean time between the tokens of a finished request.",
+            _LATENCY_BUCKETS,
+        )
+        self.request_prefill_time = histogram(
+            "request_prefill_time_seconds", "First scheduled to first token.", _LATENCY_BUCKETS
+        )
+        self.request_decode_time = histogram(
+            "request_decode_time_seconds", "First token to last token.", _LATENCY_BUCKETS
+        )
+        self.request_inference_time = histogram(
+            "request_inference_time_seconds", "First scheduled to last token.", _LATENCY_BUCKETS
+        )
+        self.iteration_tokens = histogram(
+            "iteration_tokens_total",
+            "Prompt and generated tokens of one engine step.",
+            _ITERATION_TOKEN_BUCKETS,
         )
         self.e2e_request_latency = histogram(
             "e2e_request_latency_seconds", "Arrival to last token.", _LATENCY_BUCKETS
@@ -99,17 +165,29 @@ class PrometheusStatLogger:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
         self.generation_tokens.inc(iteration_stats.num_generation_tokens)
+        step_tokens = iteration_stats.num_prompt_tokens + iteration_stats.num_generation_tokens
+        if step_tokens:
+            self.iteration_tokens.observe(step_tokens)
         for ttft in iteration_stats.time_to_first_tokens:
             self.time_to_first_token.observe(ttft)
         for itl in iteration_stats.inter_token_latencies:
             self.inter_token_latency.observe(itl)
+            self.time_per_output_token.observe(itl)
         for finished in iteration_stats.finished_requests:
             self._request_success.labels(self._model_name, str(finished.finish_reason)).inc()
             self.e2e_request_latency.observe(finished.e2e_latency)
-            if finished.queue_time is not None:
-                self.request_queue_time.observe(finished.queue_time)
+            for histogram, value in (
+                (self.request_queue_time, finished.queue_time),
+                (self.request_prefill_time, finished.prefill_time),
+                (self.request_decode_time, finished.decode_time),
+                (self.request_inference_time, finished.inference_time),
+                (self.request_time_per_output_token, finished.time_per_output_token),
+            ):
+                # Phases a request never reached (aborted while waiting) are left out, not made zero.
+                if value is not None:
+                    histogram.observe(value)
             self.request_prompt_tokens.observe(finished.num_prompt_tokens)
             self.request_generation_tokens.observe(finished.num_generation_tokens)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(self._aliases)

@@ -25,6 +25,18 @@ class FinishedRequestStats:
     # Arrival to the first time the core scheduled the request; None when the core never reported it
     # (the time rides on the request's first output: aborted or rejected before that).
     queue_time: float | None
+    # First scheduled to first token (None unless both happened), first to last token (None without a
+    # token), and first scheduled to last token: vLLM's prefill, decode and inference phases.
+    prefill_time: float | None = None
+    decode_time: float | None = None
+    inference_time: float | None = None
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Mean time between this request's tokens (None with fewer than two)."""
+        if self.decode_time is None or self.num_generation_tokens < 2:
+            return None
+        return self.decode_time / (self.num_generation_tokens - 1)
 
 
 @dataclass
@@ -96,15 +108,23 @@ class RequestStatsTracker:
 
 
 def _finished(times: _RequestTimes, reason: FinishReason, now: float) -> FinishedRequestStats:
-    queue_time = None
-    if times.first_scheduled_time is not None:
-        # Two processes' readings of the wall clock: a step of the clock in between must not make a
-        # negative wait.
-        queue_time = max(times.first_scheduled_time - times.arrival_time, 0.0)
+    scheduled = times.first_scheduled_time
+    first_token = times.first_token_time
+    # Two processes' readings of the wall clock: a step of the clock in between must not make a negative
+    # duration.
+    queue_time = None if scheduled is None else max(scheduled - times.arrival_time, 0.0)
+    prefill_time = None if scheduled is None or first_token is None else max(first_token - scheduled, 0.0)
+    decode_time = None if first_token is None else times.last_token_time - first_token
+    inference_time = None
+    if scheduled is not None and first_token is not None:
+        inference_time = max(times.last_token_time - scheduled, 0.0)
     return FinishedRequestStats(
         finish_reason=reason,
         e2e_latency=now - times.arrival_time,
         num_prompt_tokens=times.num_prompt_tokens,
         num_generation_tokens=times.num_generation_tokens,
         queue_time=queue_time,
+        prefill_time=prefill_time,
+        decode_time=decode_time,
+        inference_time=inference_time,
     )

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from pagedllm.config.arg_parser import FlexibleArgumentParser
 from pagedllm.config.args import ARG_SPECS, FLAT_CONFIGS, INTERNAL_FIELDS, EngineArgs, human_readable_int
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.config.engine import EngineConfig, OptimizationLevel
 from pagedllm.config.model import ModelConfig
-from pagedllm.entrypoints.arg_parser import FlexibleArgumentParser
 from pagedllm.platforms import override_platform
 
 

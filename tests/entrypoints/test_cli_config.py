@@ -129,7 +129,7 @@ def test_console_script_help() -> None:
 
 
 def test_registry_rejects_a_module_without_the_interface(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", cli.Subcommand("pagedllm.entrypoints.arg_parser", "x"))
+    monkeypatch.setitem(cli.SUBCOMMANDS, "broken", cli.Subcommand("pagedllm.config.arg_parser", "x"))
     with pytest.raises(TypeError, match="has no add_parser"):
         cli.build_parser("broken")
 

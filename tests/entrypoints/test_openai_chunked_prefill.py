@@ -109,7 +109,7 @@ def histogram_sums(server: RemoteServer) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     values: dict[str, float] = {}
     for line in text.splitlines():
-        match = re.match(r'^pagedllm:(\w+_seconds_(?:sum|count))\{model_name="([^"]*)"\} (\S+)$', line)
+        match = re.match(r'^vllm:(\w+_seconds_(?:sum|count))\{model_name="([^"]*)"\} (\S+)$', line)
         if match and match.group(2) == MODEL_NAME:
             values[match.group(1)] = float(match.group(3))
     return values

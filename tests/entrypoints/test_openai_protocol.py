@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
 from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -167,3 +168,29 @@ def test_server_chat_template_is_checked_once(tmp_path: Path) -> None:
         load_chat_template("{% for %}")
     with pytest.raises(ValueError, match="neither a template nor a file"):
         load_chat_template(str(tmp_path / "missing.jinja"))
+
+
+def test_unsupported_vllm_fields_unless_neutral() -> None:
+    request = CompletionRequest(
+        prompt="x", guided_regex="a+", use_beam_search=True, response_format={"type": "json_object"}
+    )
+    assert request.unsupported_fields() == ["guided_regex", "use_beam_search", "response_format"]
+    neutral = CompletionRequest(
+        prompt="x",
+        guided_json=None,
+        use_beam_search=False,
+        length_penalty=1.0,
+        response_format={"type": "text"},
+    )
+    assert neutral.unsupported_fields() == []
+    # Fields vLLM does not know either are only logged.
+    assert CompletionRequest(prompt="x", made_up=1).unsupported_fields() == []
+
+
+def test_lone_surrogates_are_refused_anywhere_in_the_request() -> None:
+    with pytest.raises(ValidationError, match="surrogate"):
+        CompletionRequest(prompt=["ok", "\ud800"])
+    with pytest.raises(ValidationError, match="surrogate"):
+        ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}])
+    with pytest.raises(ValidationError, match="surrogate"):
+        CompletionRequest(prompt="x", logit_bias={"\ud800": 1.0})

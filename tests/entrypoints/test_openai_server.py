@@ -33,7 +33,7 @@ def _metrics(server: RemoteServer) -> dict[str, float]:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     values: dict[str, float] = {}
     for line in text.splitlines():
-        match = re.match(r'^(pagedllm:\w+)\{model_name="([^"]*)"\} (\S+)$', line)
+        match = re.match(r'^(vllm:\w+)\{model_name="([^"]*)"\} (\S+)$', line)
         if match and match.group(2) == MODEL_NAME:
             values[match.group(1)] = float(match.group(3))
     return values
@@ -346,7 +346,7 @@ def _wait_idle(server: RemoteServer) -> dict[str, float]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         metrics = _metrics(server)
-        if metrics["pagedllm:kv_cache_usage_perc"] == 0 and metrics["pagedllm:num_requests_running"] == 0:
+        if metrics["vllm:kv_cache_usage_perc"] == 0 and metrics["vllm:num_requests_running"] == 0:
             break
         time.sleep(0.2)
     return metrics
@@ -354,9 +354,7 @@ def _wait_idle(server: RemoteServer) -> dict[str, float]:
 
 def _aborted(server: RemoteServer) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    match = re.search(
-        r'^pagedllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$', text, re.M
-    )
+    match = re.search(r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$', text, re.M)
     return float(match.group(1)) if match else 0.0
 
 
@@ -368,13 +366,13 @@ def test_aborted_stream_frees_blocks(server: RemoteServer) -> None:
         lines = response.iter_lines()
         received = [line for _, line in zip(range(6), lines) if line]
         assert received
-        assert _metrics(server)["pagedllm:kv_cache_usage_perc"] > 0
+        assert _metrics(server)["vllm:kv_cache_usage_perc"] > 0
     # Closing the connection aborts the request: its blocks go back to the pool.
     metrics = _wait_idle(server)
-    assert metrics["pagedllm:kv_cache_usage_perc"] == 0
-    assert metrics["pagedllm:num_requests_running"] == 0
-    assert metrics["pagedllm:generation_tokens_total"] > 0
-    assert metrics["pagedllm:time_to_first_token_seconds_count"] > 0
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert metrics["vllm:num_requests_running"] == 0
+    assert metrics["vllm:generation_tokens_total"] > 0
+    assert metrics["vllm:time_to_first_token_seconds_count"] > 0
     assert _aborted(server) == aborted_before + 1
 
     # A client that gives up on a non-streaming request (here: a read timeout) aborts it too.
@@ -382,8 +380,8 @@ def test_aborted_stream_frees_blocks(server: RemoteServer) -> None:
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=1))
     metrics = _wait_idle(server)
-    assert metrics["pagedllm:kv_cache_usage_perc"] == 0
-    assert metrics["pagedllm:num_requests_running"] == 0
+    assert metrics["vllm:kv_cache_usage_perc"] == 0
+    assert metrics["vllm:num_requests_running"] == 0
     assert _aborted(server) == aborted_before + 2
 
 
@@ -508,7 +506,6 @@ def test_sigint_without_grace_aborts_and_exits(server: RemoteServer) -> None:
             "ignore_eos": True,
             "stream": True,
         }
-        # The server cuts the stream off when it stops.
         with (
             contextlib.suppress(httpx.HTTPError),
             httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response,
@@ -523,10 +520,11 @@ def test_sigint_without_grace_aborts_and_exits(server: RemoteServer) -> None:
     while not chunks and time.monotonic() < deadline:
         time.sleep(0.05)
     assert chunks, server.log_tail()
-    # shutdown_timeout defaults to 0: the request is aborted at once and the server exits with 0.
+    # shutdown_timeout defaults to 0: the request is aborted at once, with an error event, and the server
+    # exits with 0.
     server.send_signal(signal.SIGINT)
     assert server.wait(60) == 0, server.log_tail()
     thread.join(30)
     assert not thread.is_alive()
-    assert "data: [DONE]" not in chunks
+    assert chunks[-1] == "data: [DONE]" and "shutting down" in chunks[-2]
     assert server.leftover_children() == []

@@ -28,9 +28,12 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
     )
     try:
         # --chat-template (a file) replaces the model's template.
-        chat = httpx.post(f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]})
+        auth = {"Authorization": "Bearer sekrit"}
+        chat = httpx.post(
+            f"{server.url}/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}, headers=auth
+        )
         plain = httpx.post(
-            f"{server.url}/tokenize", json={"prompt": "[user] Hi", "add_special_tokens": False}
+            f"{server.url}/tokenize", json={"prompt": "[user] Hi", "add_special_tokens": False}, headers=auth
         )
         assert chat.json()["tokens"] == plain.json()["tokens"]
         # API key on: /v1 needs it, /health does not.
@@ -81,21 +84,17 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert outcome.get("chunks"), server.log_tail()
         server.engine_process().kill()
+        killed_at = time.monotonic()
         for thread in threads:
             thread.join(30)
             assert not thread.is_alive(), "a request hung after the engine died"
         assert outcome["ended"] != "normally"
         assert "engine" in str(outcome["ended"]).lower()
         assert outcome["full"] == 503
-
-        health = httpx.get(f"{server.url}/health", timeout=10)
-        assert health.status_code == 503
-        with pytest.raises(openai.InternalServerError) as info:
-            client.completions.create(model="smol", prompt="hello", max_tokens=2)
-        assert info.value.status_code == 503
-        # The server stays up and answers (no hang), then exits cleanly on SIGTERM.
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(30) == 0
+        # Then the server exits with an error status on its own (a supervisor restarts it), soon.
+        assert server.wait(30) != 0
+        assert time.monotonic() - killed_at < 15
+        assert "The engine core died" in server.log_text()
         assert server.leftover_children() == []
     finally:
         server.kill()
@@ -126,7 +125,7 @@ def test_sigterm_drains_requests_in_flight() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-            if f'pagedllm:num_requests_running{{model_name="{MODEL_NAME}"}} 1.0' in metrics:
+            if f'vllm:num_requests_running{{model_name="{MODEL_NAME}"}} 1.0' in metrics:
                 break
             time.sleep(0.05)
         server.send_signal(signal.SIGTERM)

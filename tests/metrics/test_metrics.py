@@ -84,9 +84,12 @@ def test_tracker_queue_time_unknown_or_skewed() -> None:
     prom.record(None, IterationStats(finished_requests=[late, waiting]))
     samples = _samples(prom)
     model = (("model_name", "m"),)
-    assert samples[("pagedllm:e2e_request_latency_seconds_count", model)] == 2
-    assert samples[("pagedllm:request_queue_time_seconds_count", model)] == 1
-    assert samples[("pagedllm:request_queue_time_seconds_sum", model)] == pytest.approx(0.5)
+    assert samples[("vllm:e2e_request_latency_seconds_count", model)] == 2
+    assert samples[("vllm:request_queue_time_seconds_count", model)] == 1
+    assert samples[("vllm:request_queue_time_seconds_sum", model)] == pytest.approx(0.5)
+    # The phases a request never reached are left out: "waiting" was never scheduled.
+    assert samples[("vllm:request_prefill_time_seconds_count", model)] == 1
+    assert samples[("vllm:request_decode_time_seconds_sum", model)] == pytest.approx(1.0)
 
 
 def test_tracker_forgets_rejected_requests() -> None:
@@ -119,37 +122,49 @@ def test_prometheus_records_gauges_counters_histograms() -> None:
     prom.record(stats, tracker.update(_outputs(("a", [2, 3], FinishReason.STOP)), now=0.75))
     samples = _samples(prom)
     model = (("model_name", "my-model"),)
-    assert samples[("pagedllm:num_requests_running", model)] == 2
-    assert samples[("pagedllm:num_requests_waiting", model)] == 1
-    assert samples[("pagedllm:kv_cache_usage_perc", model)] == 0.25
-    assert samples[("pagedllm:prefix_cache_queries_total", model)] == 64
-    assert samples[("pagedllm:prefix_cache_hits_total", model)] == 32
-    assert samples[("pagedllm:prompt_tokens_total", model)] == 5
-    assert samples[("pagedllm:generation_tokens_total", model)] == 3
+    assert samples[("vllm:num_requests_running", model)] == 2
+    assert samples[("vllm:num_requests_waiting", model)] == 1
+    assert samples[("vllm:kv_cache_usage_perc", model)] == 0.25
+    assert samples[("vllm:prefix_cache_queries_total", model)] == 64
+    assert samples[("vllm:prefix_cache_hits_total", model)] == 32
+    assert samples[("vllm:prompt_tokens_total", model)] == 5
+    assert samples[("vllm:generation_tokens_total", model)] == 3
     assert (
-        samples[("pagedllm:request_success_total", (("finished_reason", "stop"), ("model_name", "my-model")))]
+        samples[("vllm:request_success_total", (("finished_reason", "stop"), ("model_name", "my-model")))]
         == 1
     )
-    assert samples[("pagedllm:time_to_first_token_seconds_count", model)] == 1
-    assert samples[("pagedllm:time_to_first_token_seconds_sum", model)] == pytest.approx(0.5)
-    assert samples[("pagedllm:inter_token_latency_seconds_sum", model)] == pytest.approx(0.25)
-    assert samples[("pagedllm:e2e_request_latency_seconds_sum", model)] == pytest.approx(0.75)
-    assert samples[("pagedllm:request_queue_time_seconds_count", model)] == 1
-    assert samples[("pagedllm:request_queue_time_seconds_sum", model)] == pytest.approx(0.125)
-    assert samples[("pagedllm:request_prompt_tokens_sum", model)] == 5
-    assert samples[("pagedllm:request_generation_tokens_sum", model)] == 3
+    assert samples[("vllm:time_to_first_token_seconds_count", model)] == 1
+    assert samples[("vllm:time_to_first_token_seconds_sum", model)] == pytest.approx(0.5)
+    assert samples[("vllm:inter_token_latency_seconds_sum", model)] == pytest.approx(0.25)
+    assert samples[("vllm:e2e_request_latency_seconds_sum", model)] == pytest.approx(0.75)
+    assert samples[("vllm:request_queue_time_seconds_count", model)] == 1
+    assert samples[("vllm:request_queue_time_seconds_sum", model)] == pytest.approx(0.125)
+    assert samples[("vllm:request_prompt_tokens_sum", model)] == 5
+    assert samples[("vllm:request_generation_tokens_sum", model)] == 3
+    # vLLM's per-phase times: scheduled at 0.125, first token at 0.5, last at 0.75 (three tokens).
+    assert samples[("vllm:request_prefill_time_seconds_sum", model)] == pytest.approx(0.375)
+    assert samples[("vllm:request_decode_time_seconds_sum", model)] == pytest.approx(0.25)
+    assert samples[("vllm:request_inference_time_seconds_sum", model)] == pytest.approx(0.625)
+    assert samples[("vllm:request_time_per_output_token_seconds_sum", model)] == pytest.approx(0.125)
+    assert samples[("vllm:time_per_output_token_seconds_sum", model)] == pytest.approx(0.25)
+    # Two steps: the prompt (5) with the first token, then two tokens.
+    assert samples[("vllm:iteration_tokens_total_count", model)] == 2
+    assert samples[("vllm:iteration_tokens_total_sum", model)] == 8
+    # The earlier pagedllm: names stay, with the same values.
+    for (name, labels), value in list(samples.items()):
+        assert samples[(name.replace("vllm:", "pagedllm:", 1), labels)] == value
     # Idle again: the gauges follow the latest stats.
     prom.record(SchedulerStats(), None)
     samples = _samples(prom)
-    assert samples[("pagedllm:num_requests_running", model)] == 0
-    assert samples[("pagedllm:kv_cache_usage_perc", model)] == 0.0
+    assert samples[("vllm:num_requests_running", model)] == 0
+    assert samples[("vllm:kv_cache_usage_perc", model)] == 0.0
 
 
 def test_two_loggers_do_not_share_a_registry() -> None:
     first = PrometheusStatLogger("m", 128)
     second = PrometheusStatLogger("m", 128)
     first.record(None, IterationStats(num_generation_tokens=4))
-    assert _samples(second)[("pagedllm:generation_tokens_total", (("model_name", "m"),))] == 0
+    assert _samples(second)[("vllm:generation_tokens_total", (("model_name", "m"),))] == 0
 
 
 def test_token_buckets() -> None:

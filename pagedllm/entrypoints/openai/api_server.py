@@ -1,8 +1,10 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over an `AsyncLLM`, run by uvicorn.
 
 Shutdown (SIGTERM/SIGINT): uvicorn stops accepting connections and waits up to `shutdown_timeout`
-seconds for the requests in flight; then it cancels the rest (which aborts them in the engine), the
-engine core process is stopped, and the process exits with status 0.
+seconds for the requests in flight; then the rest are failed in the engine (each client gets an error:
+an SSE error event and [DONE], or a 503), the engine core process is stopped, and the process exits with
+status 0. If the engine core dies, the requests in flight fail the same way and the process exits with
+status 1, so that a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import secrets
 import signal
 from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
@@ -23,9 +23,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 import pagedllm
+from pagedllm import envs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineCoreProcess, EngineDeadError
 from pagedllm.entrypoints.openai.errors import (
@@ -34,6 +34,7 @@ from pagedllm.entrypoints.openai.errors import (
     http_error_response,
     validation_error,
 )
+from pagedllm.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -45,11 +46,16 @@ from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_cha
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
+
+# After the engine core died: the server fails what is in flight, then exits with this status so that a
+# supervisor restarts it.
+ENGINE_DEAD_EXIT_CODE = 1
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -75,27 +81,6 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
         task.cancel()
 
 
-class ApiKeyMiddleware:
-    """Every /v1 route needs ``Authorization: Bearer <key>``.
-
-    Plain ASGI rather than FastAPI's ``@app.middleware``: that one wraps responses and would get in the
-    way of streaming and of detecting client disconnects."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            # Constant-time comparison: the key must not leak through response timing.
-            if not secrets.compare_digest(given, self.expected):
-                error = OpenAIError("Invalid or missing API key", HTTPStatus.UNAUTHORIZED)
-                await error_response(error)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def _streaming(body: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -106,12 +91,15 @@ def build_app(
     api_key: str | None,
     chat_template: str | None,
     log_requests: bool,
+    max_request_body_bytes: int,
+    max_n: int,
 ) -> FastAPI:
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
     models = OpenAIServingModels(served_model_names, str(engine.model_config.model), engine.max_model_len)
-    completions = OpenAIServingCompletion(engine, models, log_requests)
-    chat = OpenAIServingChat(engine, models, chat_template, log_requests)
-    tokenization = OpenAIServingTokenization(engine, models, chat_template)
+    prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
+    completions = OpenAIServingCompletion(engine, models, prompts, max_n, log_requests)
+    chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, log_requests)
+    tokenization = OpenAIServingTokenization(engine, models, prompts, chat_template)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
@@ -139,6 +127,8 @@ def build_app(
 
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    # Added last, so it runs first: an oversized body is refused before anything reads it.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_body_bytes)
 
     @app.get("/health")
     async def health() -> Response:
@@ -179,11 +169,11 @@ def build_app(
             request = schema.model_validate(body)
         except ValidationError as e:
             raise validation_error(e) from e
-        return JSONResponse(tokenization.tokenize(request).model_dump())
+        return JSONResponse((await tokenization.tokenize(request)).model_dump())
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
-        return JSONResponse(tokenization.detokenize(request).model_dump())
+        return JSONResponse((await tokenization.detokenize(request)).model_dump())
 
     return app
 
@@ -204,15 +194,50 @@ def served_names(model_served_name: str | list[str] | None, model: str) -> list[
     return [names] if isinstance(names, str) else list(names)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, ending the requests still running when the drain time is up.
+
+    uvicorn itself would cancel their tasks, cutting streams off mid-response; instead every request in
+    flight is failed in the engine, so that each client gets an error (an SSE error event and [DONE] for a
+    stream, a 503 otherwise), and uvicorn is given a little longer to let the handlers write it."""
+
+    # Time the handlers get to write the errors out, after the drain time.
+    WRITE_OUT_S = 5.0
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, drain_s: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.drain_s = drain_s
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(
+            self.drain_s, self.engine.fail_all_requests, "The server is shutting down"
+        )
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
+async def _stop_when_engine_dies(engine: AsyncLLM, server: uvicorn.Server) -> None:
+    # The engine fails the requests in flight itself when its core dies; the server then has nothing left
+    # to serve, and a supervisor can only restart it if it exits (as vLLM's server does).
+    while not engine.is_dead:
+        await asyncio.sleep(0.2)
+    logger.error("The engine core died (%s); stopping the server", engine.dead_error)
+    server.should_exit = True
+
+
 async def run_server(
     args: argparse.Namespace, engine_config: EngineConfig, core_process: EngineCoreProcess | None = None
 ) -> int:
-    """Serve until SIGTERM/SIGINT; ``args`` holds the server flags of `pagedllm serve`, ``core_process``
-    an engine core process started early (else one is started here)."""
+    """Serve until SIGTERM/SIGINT (status 0) or the death of the engine core (`ENGINE_DEAD_EXIT_CODE`);
+    ``args`` holds the server flags of `pagedllm serve`, ``core_process`` an engine core process started
+    early (else one is started here)."""
     model_config = engine_config.model_config
     names = served_names(model_config.served_model_name, str(model_config.model))
     log_requests = engine_config.logging_config.enable_log_requests and not args.disable_log_requests
-    api_key = args.api_key if args.api_key is not None else os.environ.get("PAGEDLLM_API_KEY")
+    api_key = args.api_key if args.api_key is not None else envs.PAGEDLLM_API_KEY
     chat_template = None
     if args.chat_template is not None:
         try:
@@ -228,18 +253,27 @@ async def run_server(
         log_stats=not engine_config.logging_config.disable_log_stats,
         core_process=core_process,
     )
+    watchdog: asyncio.Task[None] | None = None
     try:
-        app = build_app(engine, names, api_key or None, chat_template, log_requests)
+        app = build_app(
+            engine,
+            names,
+            api_key or None,
+            chat_template,
+            log_requests,
+            max_request_body_bytes=args.max_request_body_bytes,
+            max_n=args.max_n_sequences,
+        )
         config = uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
             log_level=args.uvicorn_log_level,
-            timeout_graceful_shutdown=engine_config.shutdown_timeout,
+            timeout_graceful_shutdown=engine_config.shutdown_timeout + _Server.WRITE_OUT_S,
             # Keep-alive connections must not hold the drain open.
             timeout_keep_alive=5,
         )
-        server = uvicorn.Server(config)
+        server = _Server(config, engine, engine_config.shutdown_timeout)
         logger.info("Serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
 
         def _stop(signum: int, frame: Any) -> None:
@@ -250,7 +284,11 @@ async def run_server(
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
+        watchdog = asyncio.create_task(_stop_when_engine_dies(engine, server))
         await server.serve()
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        engine_died = engine.is_dead
         await engine.shutdown()
-    return 0
+    return ENGINE_DEAD_EXIT_CODE if engine_died else 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -20,9 +21,35 @@ def random_id(prefix: str) -> str:
 TokenId = StrictInt
 
 
+# A lone UTF-16 surrogate ("\ud800" in JSON) parses into a Python str that no UTF-8 codec, tokenizer or
+# JSON response can take.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_no_surrogates(value: Any) -> None:
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            raise ValueError("contains a lone UTF-16 surrogate (not valid Unicode text)")
+    elif isinstance(value, list):
+        for item in value:
+            _check_no_surrogates(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_no_surrogates(key)
+            _check_no_surrogates(item)
+
+
 class OpenAIBaseModel(BaseModel):
-    # Unknown fields are ignored, as OpenAI's and vLLM's servers do (the server logs them).
+    # Unknown fields are ignored, as OpenAI's and vLLM's servers do (the server logs them); fields vLLM
+    # knows but pagedllm does not implement are refused instead (`UNSUPPORTED_FIELDS`).
     model_config = ConfigDict(extra="allow")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        # Nested models (chat messages, content parts) check their own fields.
+        _check_no_surrogates(value)
+        return value
 
     def ignored_fields(self) -> list[str]:
         return sorted((self.model_extra or {}).keys())
@@ -51,6 +78,43 @@ class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+
+
+# Fields vLLM's server takes that pagedllm does not implement yet, each with the values that ask for
+# nothing (clients often send the default explicitly). Any other value is refused with a 400 naming the
+# field: answering as if it were absent (e.g. unconstrained text for guided_json) would be silently wrong.
+_NOT_SET: tuple[Any, ...] = (None,)
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "guided_json": _NOT_SET,
+    "guided_regex": _NOT_SET,
+    "guided_choice": _NOT_SET,
+    "guided_grammar": _NOT_SET,
+    "guided_decoding_backend": _NOT_SET,
+    "guided_whitespace_pattern": _NOT_SET,
+    "structural_tag": _NOT_SET,
+    "structured_outputs": _NOT_SET,
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0),
+    "truncate_prompt_tokens": _NOT_SET,
+    "logits_processors": (None, []),
+    "prompt_embeds": _NOT_SET,
+    "mm_processor_kwargs": (None, {}),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "kv_transfer_params": _NOT_SET,
+    "vllm_xargs": _NOT_SET,
+    # Chat only (in a completion request they are unknown fields all the same).
+    "documents": (None, []),
+    "reasoning_effort": _NOT_SET,
+    "include_reasoning": (None, True),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "audio": _NOT_SET,
+    "modalities": (None, ["text"]),
+    "prediction": _NOT_SET,
+}
+# Chat's `echo` (repeat the last message) means nothing like the completion echo that pagedllm implements.
+CHAT_UNSUPPORTED_FIELDS = {**UNSUPPORTED_FIELDS, "echo": (None, False)}
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -83,6 +147,16 @@ class SamplingFields(OpenAIBaseModel):
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     priority: int = 0
+    # Only {"type": "text"} is implemented; JSON modes wait for structured outputs.
+    response_format: dict[str, Any] | None = None
+
+    def unsupported_fields(self, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS) -> list[str]:
+        """The vLLM fields given with a value that asks for something pagedllm does not do."""
+        given = self.model_extra or {}
+        names = [name for name, neutral in table.items() if name in given and given[name] not in neutral]
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            names.append("response_format")
+        return names
 
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -182,7 +256,8 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     tools: list[dict[str, Any]] | None = None
-    response_format: dict[str, Any] | None = None
+    # "none" or "auto": without a tool parser, "auto" can only be honoured when no tools are given.
+    tool_choice: str | dict[str, Any] | None = None
     # vLLM extras.
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None

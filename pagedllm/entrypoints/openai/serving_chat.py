@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 from jinja2 import TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from pagedllm.chat_template import apply_chat_template
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
-from pagedllm.entrypoints.chat_utils import apply_chat_template
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
+    CHAT_UNSUPPORTED_FIELDS,
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
@@ -32,7 +35,9 @@ from pagedllm.entrypoints.openai.serving_completion import token_text
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
+    PromptTokenizer,
     check_stream_options,
+    check_supported_fields,
     engine_dead_error,
     merge_streams,
     param_of_engine_error,
@@ -56,20 +61,25 @@ def render_chat_prompt(
     add_generation_prompt: bool,
     continue_final_message: bool,
     chat_template_kwargs: dict[str, Any] | None,
-    add_special_tokens: bool,
-) -> tuple[str, list[int]]:
-    """The rendered prompt text and its token ids (400 for a conversation the template cannot take)."""
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The rendered prompt text (400 for a conversation or template that cannot be rendered). Slow for a
+    long conversation: call it in a worker thread."""
     try:
-        text = apply_chat_template(
+        return apply_chat_template(
             tokenizer,
             messages,
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             chat_template_kwargs=chat_template_kwargs,
+            tools=tools,
         )
     except TemplateSyntaxError as e:
         raise OpenAIError(f"chat_template is not a valid Jinja template: {e}", param="chat_template") from e
+    except SecurityError as e:
+        # The sandbox blocked the template itself (e.g. attribute access to Python internals).
+        raise OpenAIError(f"chat_template was blocked by the sandbox: {e}", param="chat_template") from e
     except TemplateError as e:
         # Raised while rendering: templates call raise_exception() on conversations they refuse
         # (e.g. roles that do not alternate), so the messages are at fault.
@@ -77,7 +87,6 @@ def render_chat_prompt(
     except (ValueError, TypeError) as e:
         param = "chat_template" if "template" in str(e) else "messages"
         raise OpenAIError(str(e), param=param) from e
-    return text, list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
 def load_chat_template(chat_template: str) -> str:
@@ -122,29 +131,44 @@ def _param(message: str) -> str | None:
     return param_of_engine_error(message, _PARAMS, PROMPT_PARAM)
 
 
-def _limit_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIError:
-    """The engine knows a single output limit, max_tokens: name the field the client actually set."""
-    if error.param == "max_tokens" and request.max_completion_tokens is not None:
-        error.param = "max_completion_tokens"
+def _chat_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIError:
+    """Name the field the client set: the engine knows one output limit (max_tokens) and one logprobs
+    count (logprobs), which chat requests give as max_completion_tokens and top_logprobs."""
+    renames = {"logprobs": "top_logprobs"}
+    if request.max_completion_tokens is not None:
+        renames["max_tokens"] = "max_completion_tokens"
+    new_name = renames.get(error.param or "")
+    if new_name is not None:
+        error.message = re.sub(rf"\b{error.param}\b", new_name, error.message)
+        error.param = new_name
     return error
 
 
 class OpenAIServingChat:
     def __init__(
-        self, engine: AsyncLLM, models: OpenAIServingModels, chat_template: str | None, log_requests: bool
+        self,
+        engine: AsyncLLM,
+        models: OpenAIServingModels,
+        prompts: PromptTokenizer,
+        chat_template: str | None,
+        max_n: int,
+        log_requests: bool,
     ) -> None:
         self.engine = engine
         self.models = models
+        self.prompts = prompts
         self.chat_template = chat_template
+        self.max_n = max_n
         self.log_requests = log_requests
 
     def _check_supported(self, request: ChatCompletionRequest) -> None:
-        if request.tools:
-            raise OpenAIError("tools are not supported", param="tools")
-        if request.response_format is not None and request.response_format.get("type", "text") != "text":
-            raise OpenAIError(
-                "response_format other than {'type': 'text'} is not supported", param="response_format"
-            )
+        check_supported_fields(request, self.max_n, CHAT_UNSUPPORTED_FIELDS)
+        # Without a tool-call parser the only honest tool_choice is "none" (the template still sees
+        # the tools, as in vLLM).
+        if request.tool_choice not in (None, "none", "auto"):
+            raise OpenAIError("tool_choice other than 'none' is not supported yet", param="tool_choice")
+        if request.tools and request.tool_choice != "none":
+            raise OpenAIError("tools are not supported yet (only with tool_choice 'none')", param="tools")
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         check_stream_options(request)
@@ -157,16 +181,18 @@ class OpenAIServingChat:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            raise _limit_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
-        text, token_ids = render_chat_prompt(
+            raise _chat_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
+        text = await asyncio.to_thread(
+            render_chat_prompt,
             self.engine.tokenizer,
             request.messages,
             request.chat_template or self.chat_template,
             request.add_generation_prompt,
             request.continue_final_message,
             request.chat_template_kwargs,
-            request.add_special_tokens,
+            request.tools,
         )
+        token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM)
         request_id = random_id("chatcmpl")
         if self.log_requests:
             logger.info(
@@ -178,7 +204,7 @@ class OpenAIServingChat:
                 self.engine, request_id, [prompt], params, request.priority, _PARAMS, PROMPT_PARAM
             )
         except OpenAIError as e:
-            raise _limit_error(request, e) from e
+            raise _chat_error(request, e) from e
         if request.stream:
             return self._stream(request, request_id, model, streams[0])
         return await self._full(request, request_id, model, streams[0])
@@ -202,7 +228,7 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            raise _limit_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
+            raise _chat_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
         assert final is not None and final.finished
         choices = [
             ChatCompletionResponseChoice(
@@ -266,5 +292,5 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
-            yield sse_error(_limit_error(request, OpenAIError(str(e), param=_param(str(e)))))
+            yield sse_error(_chat_error(request, OpenAIError(str(e), param=_param(str(e)))))
         yield SSE_DONE

@@ -22,7 +22,9 @@ from pagedllm.entrypoints.openai.protocol import (
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
+    PromptTokenizer,
     check_stream_options,
+    check_supported_fields,
     engine_dead_error,
     merge_streams,
     param_of_engine_error,
@@ -87,9 +89,18 @@ def token_text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
 
 
 class OpenAIServingCompletion:
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, log_requests: bool) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        models: OpenAIServingModels,
+        prompts: PromptTokenizer,
+        max_n: int,
+        log_requests: bool,
+    ) -> None:
         self.engine = engine
         self.models = models
+        self.prompts = prompts
+        self.max_n = max_n
         self.log_requests = log_requests
 
     def _check_supported(self, request: CompletionRequest) -> None:
@@ -97,9 +108,22 @@ class OpenAIServingCompletion:
             raise OpenAIError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (only best_of equal to n)", param="best_of")
+        check_supported_fields(request, self.max_n)
         check_stream_options(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
+
+    async def _tokenized(self, request: CompletionRequest) -> list[PromptType]:
+        # Text prompts are tokenized here, off the event loop, rather than by the engine on it.
+        return [
+            {
+                "prompt_token_ids": await self.prompts.encode(p, request.add_special_tokens, PROMPT_PARAM),
+                "prompt": p,
+            }
+            if isinstance(p, str)
+            else p
+            for p in _prompts(request.prompt)
+        ]
 
     async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
         model = self.models.check_model(request.model)
@@ -108,16 +132,7 @@ class OpenAIServingCompletion:
             params = request.to_sampling_params()
         except ValueError as e:
             raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
-        prompts = _prompts(request.prompt)
-        if not request.add_special_tokens:
-            # The engine's tokenizer adds special tokens (e.g. BOS); tokenize here to leave them out.
-            tokenizer = self.engine.tokenizer
-            prompts = [
-                {"prompt_token_ids": tokenizer.encode(p, add_special_tokens=False), "prompt": p}
-                if isinstance(p, str)
-                else p
-                for p in prompts
-            ]
+        prompts = await self._tokenized(request)
         request_id = random_id("cmpl")
         if self.log_requests:
             logger.info("Received request %s: %d prompt(s), params %s", request_id, len(prompts), params)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
@@ -13,32 +15,43 @@ from pagedllm.entrypoints.openai.protocol import (
 )
 from pagedllm.entrypoints.openai.serving_chat import render_chat_prompt
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
 
 
 class OpenAIServingTokenization:
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, chat_template: str | None) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        models: OpenAIServingModels,
+        prompts: PromptTokenizer,
+        chat_template: str | None,
+    ) -> None:
         self.engine = engine
         self.models = models
+        self.prompts = prompts
         self.chat_template = chat_template
 
-    def tokenize(self, request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+    async def tokenize(self, request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         self.models.check_model(request.model)
-        tokenizer = self.engine.tokenizer
+        # /tokenize counts prompts of any length (no context bound), still off the event loop.
         if isinstance(request, TokenizeChatRequest):
-            _, tokens = render_chat_prompt(
-                tokenizer,
+            text = await asyncio.to_thread(
+                render_chat_prompt,
+                self.engine.tokenizer,
                 request.messages,
                 request.chat_template or self.chat_template,
                 request.add_generation_prompt,
                 request.continue_final_message,
                 request.chat_template_kwargs,
-                request.add_special_tokens,
             )
+            tokens = await self.prompts.encode(text, request.add_special_tokens, "messages", bounded=False)
         else:
-            tokens = list(tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens))
+            tokens = await self.prompts.encode(
+                request.prompt, request.add_special_tokens, "prompt", bounded=False
+            )
         return TokenizeResponse(count=len(tokens), max_model_len=self.engine.max_model_len, tokens=tokens)
 
-    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.models.check_model(request.model)
         vocab_size = self.engine.input_processor.vocab_size
         bad = sorted({t for t in request.tokens if not 0 <= t < vocab_size})
@@ -47,4 +60,6 @@ class OpenAIServingTokenization:
                 f"tokens contains token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}",
                 param="tokens",
             )
-        return DetokenizeResponse(prompt=self.engine.tokenizer.decode(request.tokens))
+        return DetokenizeResponse(
+            prompt=await asyncio.to_thread(self.engine.tokenizer.decode, request.tokens)
+        )

@@ -14,7 +14,12 @@ from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
-from pagedllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
+from pagedllm.entrypoints.openai.protocol import (
+    UNSUPPORTED_FIELDS,
+    ErrorInfo,
+    ErrorResponse,
+    SamplingFields,
+)
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -27,6 +32,52 @@ def check_stream_options(request: SamplingFields) -> None:
     """stream_options only means something for a stream; OpenAI refuses it otherwise, and so do we."""
     if request.stream_options is not None and not request.stream:
         raise OpenAIError("stream_options can only be given when stream is true", param="stream_options")
+
+
+class PromptTokenizer:
+    """Tokenizes prompt text in a worker thread, so that a huge prompt cannot stall the event loop (and
+    with it /health and every other request); text too long to fit the context is refused before that."""
+
+    # Normalizers may fold a few characters into one (NFKC on combining marks): a generous factor keeps the
+    # bound below any real prompt's token count.
+    _NORMALIZATION_SLACK = 4
+
+    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        # No token stands for more characters than its longest vocabulary entry, so a text longer than
+        # this has more than max_model_len tokens whatever it holds.
+        longest = max((len(piece) for piece in tokenizer.get_vocab()), default=1)
+        self.max_chars = (max_model_len + 1) * longest * self._NORMALIZATION_SLACK
+
+    async def encode(
+        self, text: str, add_special_tokens: bool, param: str, bounded: bool = True
+    ) -> list[int]:
+        if bounded and len(text) > self.max_chars:
+            raise OpenAIError(
+                f"The prompt has {len(text)} characters, more than the {self.max_chars} that could fit in "
+                f"the maximum model length of {self.max_model_len} tokens",
+                param=param,
+            )
+        ids = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
+        return list(ids)
+
+
+def check_supported_fields(
+    request: SamplingFields, max_n: int, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS
+) -> None:
+    """400 for a vLLM field pagedllm does not implement, and for ``n`` above the server's cap."""
+    for name in request.unsupported_fields(table):
+        if name == "response_format":
+            kind = request.response_format.get("type") if request.response_format else None
+            raise OpenAIError(
+                f"response_format of type {kind!r} is not supported yet (only {{'type': 'text'}})",
+                param=name,
+            )
+        raise OpenAIError(f"{name} is not supported yet", param=name)
+    # Each choice is a sequence in the engine: one request must not be able to fill the batch alone.
+    if request.n > max_n:
+        raise OpenAIError(f"n={request.n} is more than this server's --max-n-sequences={max_n}", param="n")
 
 
 def param_of_engine_error(message: str, param_names: list[str], prompt_param: str) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pagedllm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
+from pagedllm.chat_template import apply_chat_template, parse_chat_messages
 from pagedllm.tokenizer import get_tokenizer
 
 CONVERSATIONS: list[list[dict[str, Any]]] = [
@@ -114,3 +114,10 @@ def test_continue_final_message(tokenizer: Any) -> None:
 def test_missing_template_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no chat template"):
         apply_chat_template(SimpleNamespace(chat_template=None), CONVERSATIONS[0])
+
+
+def test_tools_reach_the_template() -> None:
+    tok = SimpleNamespace(chat_template="{% for t in tools or [] %}[{{ t['function']['name'] }}]{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    assert apply_chat_template(tok, CONVERSATIONS[0], tools=tools) == "[lookup]"
+    assert apply_chat_template(tok, CONVERSATIONS[0]) == ""

@@ -107,9 +107,11 @@ def apply_chat_template(
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render one conversation to prompt text (tokenize it with ``add_special_tokens=False``: the template
-    already wrote the special tokens)."""
+    already wrote the special tokens). ``tools`` (OpenAI's function specs) are shown to templates that
+    render them."""
     if add_generation_prompt and continue_final_message:
         raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
     conversation = parse_chat_messages(messages)
@@ -120,6 +122,7 @@ def apply_chat_template(
         chat_template=template,
         add_generation_prompt=add_generation_prompt,
         continue_final_message=continue_final_message,
+        tools=tools,
         **kwargs,
     )
     return rendered[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedllm.entrypoints.arg_parser import (
+from pagedllm.config.arg_parser import (
     FlexibleArgumentParser,
     JSONMergeAction,
     deep_merge,

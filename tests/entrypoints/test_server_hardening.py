@@ -1,0 +1,279 @@
+"""The server against hostile or unusual clients: fields it does not implement, huge bodies, large n, lone
+surrogates, an unauthenticated /tokenize, a shutdown timeout expiring mid-stream; and vLLM's metric names.
+
+One server for the module, with an API key, a small body limit and a small n cap."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from remote_server import MODEL_NAME, RemoteServer
+
+pytestmark = pytest.mark.slow
+
+KEY = "hardening-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_LIMIT = 4 * 1024 * 1024
+MAX_N = 8
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+COMPLETION = {"prompt": "Hi", "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RemoteServer]:
+    remote = RemoteServer(
+        extra_args=[
+            "--api-key", KEY, "--max-request-body-bytes", str(BODY_LIMIT), "--max-n-sequences", str(MAX_N),
+            "--shutdown-timeout", "1",
+        ]
+    )  # fmt: skip
+    try:
+        yield remote
+    finally:
+        remote.kill()
+
+
+@pytest.fixture(scope="module")
+def http(server: RemoteServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as client:
+        yield client
+
+
+def _error(response: httpx.Response, status: int, param: str | None) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"]) == (status, param), error
+    return error["message"]
+
+
+# ------------------------------------------------------------------------------- fields not implemented
+UNSUPPORTED = [
+    ("guided_json", {"type": "object"}),
+    ("guided_regex", "[0-9]+"),
+    ("guided_choice", ["yes", "no"]),
+    ("guided_grammar", "root ::= 'a'"),
+    ("guided_decoding_backend", "xgrammar"),
+    ("guided_whitespace_pattern", " "),
+    ("structured_outputs", {"choice": ["yes", "no"]}),
+    ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("use_beam_search", True),
+    ("logits_processors", ["x"]),
+]
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_vllm_fields_not_implemented_are_400(http: httpx.Client, route: str) -> None:
+    base = COMPLETION if route == "/v1/completions" else CHAT
+    for field, value in UNSUPPORTED:
+        message = _error(http.post(route, json={**base, field: value}), 400, field)
+        assert field in message and "not supported yet" in message
+    # The values that ask for nothing are fine, as is the plain-text response format.
+    neutral = {"response_format": {"type": "text"}, "use_beam_search": False, "guided_json": None}
+    assert http.post(route, json={**base, **neutral}).status_code == 200
+
+
+def test_chat_tools_only_with_tool_choice_none(http: httpx.Client) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    _error(http.post("/v1/chat/completions", json={**CHAT, "tools": tools}), 400, "tools")
+    _error(http.post("/v1/chat/completions", json={**CHAT, "tool_choice": "required"}), 400, "tool_choice")
+    response = http.post("/v1/chat/completions", json={**CHAT, "tools": tools, "tool_choice": "none"})
+    assert response.status_code == 200, response.text
+
+
+# ------------------------------------------------------------------------------------ denial of service
+def test_body_over_the_limit_is_413(http: httpx.Client) -> None:
+    big = {"prompt": "a" * BODY_LIMIT}
+    _error(http.post("/v1/completions", json=big), 413, None)
+
+    # No Content-Length (chunked): the limit is counted as the body arrives.
+    def chunks() -> Iterator[bytes]:
+        yield b'{"prompt": "'
+        for _ in range(BODY_LIMIT // 65536 + 1):
+            yield b"a" * 65536
+        yield b'"}'
+
+    response = http.post("/tokenize", content=chunks(), headers={"Content-Type": "application/json"})
+    _error(response, 413, None)
+
+
+def test_n_above_the_cap_is_400(http: httpx.Client) -> None:
+    message = _error(http.post("/v1/completions", json={**COMPLETION, "n": MAX_N + 1}), 400, "n")
+    assert str(MAX_N + 1) in message and str(MAX_N) in message
+    _error(http.post("/v1/chat/completions", json={**CHAT, "n": 1000}), 400, "n")
+    assert http.post("/v1/completions", json={**COMPLETION, "n": MAX_N}).status_code == 200
+
+
+def test_tokenization_needs_the_api_key(server: RemoteServer) -> None:
+    _error(httpx.post(f"{server.url}/tokenize", json={"prompt": "x"}), 401, None)
+    _error(httpx.post(f"{server.url}/detokenize", json={"tokens": [1]}), 401, None)
+    # Probes and scrapers need no key.
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+def test_huge_tokenize_does_not_stall_health(server: RemoteServer, http: httpx.Client) -> None:
+    # Just under the body limit; several seconds of tokenizer work (on the event loop before, /health
+    # waited for all of it).
+    text = "hello world, lorem ipsum dolor. " * (BODY_LIMIT // 40)
+    result: dict[str, object] = {}
+
+    def tokenize() -> None:
+        response = http.post("/tokenize", json={"prompt": text})
+        result["count"] = response.json().get("count")
+
+    thread = threading.Thread(target=tokenize)
+    thread.start()
+    latencies: list[float] = []
+    while thread.is_alive():
+        start = time.monotonic()
+        assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200
+        latencies.append(time.monotonic() - start)
+        time.sleep(0.1)
+    thread.join()
+    assert isinstance(result["count"], int) and result["count"] > 100_000
+    # Probes ran while the tokenizer worked, and each answered promptly.
+    assert len(latencies) >= 5, latencies
+    assert max(latencies) < 1.5, latencies
+
+
+def test_prompt_longer_than_any_context_is_refused_before_tokenizing(http: httpx.Client) -> None:
+    message = _error(http.post("/v1/completions", json={"prompt": "x " * 1_000_000}), 400, "prompt")
+    assert "characters" in message and "512" in message
+
+
+# --------------------------------------------------------------------------------------- lone surrogates
+@pytest.mark.parametrize(
+    ("route", "raw", "param"),
+    [
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}', "messages"),
+        ("/v1/completions", b'{"prompt": "a\\ud800b", "max_tokens": 1}', "prompt"),
+        ("/tokenize", b'{"prompt": "\\udfff"}', "prompt"),
+        ("/tokenize", b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+    ],
+)
+def test_lone_surrogate_is_400_and_keeps_the_connection(
+    server: RemoteServer, route: str, raw: bytes, param: str
+) -> None:
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as client:
+        response = client.post(route, content=raw, headers={"Content-Type": "application/json"})
+        assert "surrogate" in _error(response, 400, param)
+        assert response.headers.get("connection") != "close"
+        # The same keep-alive connection serves the next request.
+        assert client.post("/tokenize", json={"prompt": "ok"}).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------- error fields
+def test_errors_name_the_chat_fields_the_client_set(http: httpx.Client) -> None:
+    body = {**CHAT, "logprobs": True, "top_logprobs": 50}
+    assert "top_logprobs" in _error(http.post("/v1/chat/completions", json=body), 400, "top_logprobs")
+    body = {**CHAT, "max_completion_tokens": 1000}
+    del body["max_tokens"]
+    message = _error(http.post("/v1/chat/completions", json=body), 400, "max_completion_tokens")
+    assert message.startswith("max_completion_tokens")
+    # The sandbox refuses a template reaching for Python internals: the template is at fault.
+    blocked = {**CHAT, "chat_template": "{{ ().__class__.__base__.__subclasses__() }}"}
+    assert "chat_template" in _error(http.post("/v1/chat/completions", json=blocked), 400, "chat_template")
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+VLLM_METRICS = [
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+]  # fmt: skip
+VLLM_MOVING = [
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
+    "vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count",
+    "vllm:e2e_request_latency_seconds_count", "vllm:request_queue_time_seconds_count",
+    "vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
+    "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
+    "vllm:iteration_tokens_total_count",
+]  # fmt: skip
+
+
+def _scrape(server: RemoteServer) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+        match = re.match(r'^(vllm:\w+)\{model_name="([^"]*)"\} (\S+)$', line)
+        if match and match.group(2) == MODEL_NAME:
+            values[match.group(1)] = float(match.group(3))
+    return values
+
+
+def test_metrics_under_vllm_names(server: RemoteServer, http: httpx.Client) -> None:
+    before = _scrape(server)
+    body = {**COMPLETION, "max_tokens": 4, "ignore_eos": True}
+    assert http.post("/v1/completions", json=body).status_code == 200
+    after = _scrape(server)
+    assert set(VLLM_METRICS) <= set(after), sorted(after)
+    for name in VLLM_MOVING:
+        assert after[name] > before.get(name, 0), name
+    text = httpx.get(f"{server.url}/metrics").text
+    assert re.search(
+        r'^vllm:request_success_total\{finished_reason="length",model_name="[^"]+"\} ', text, re.M
+    )
+
+
+# ------------------------------------------------------------------------------- shutdown (keep last)
+def test_shutdown_timeout_mid_stream_ends_with_an_error_event(server: RemoteServer) -> None:
+    """Last test of the module: it stops the shared server (--shutdown-timeout 1)."""
+    lines: list[str] = []
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+    outcome: dict[str, str] = {}
+
+    def long_stream() -> None:
+        body = {
+            "model": MODEL_NAME,
+            "prompt": "Count:",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+        outcome["raw"] = "complete"
+
+    def openai_stream() -> None:
+        try:
+            for _ in client.completions.create(
+                model=MODEL_NAME,
+                prompt="Count:",
+                max_tokens=400,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            ):
+                pass
+            outcome["openai"] = "normally"
+        except openai.APIError as e:
+            outcome["openai"] = str(e)
+
+    threads = [threading.Thread(target=long_stream), threading.Thread(target=openai_stream)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    while not lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert lines, server.log_tail()
+    server.send_signal(signal.SIGTERM)
+    for thread in threads:
+        thread.join(60)
+    assert server.wait(60) == 0, server.log_tail()
+    # Not cut off: an error event, then [DONE], then the response ends cleanly.
+    assert outcome["raw"] == "complete"
+    assert lines[-1] == "data: [DONE]"
+    assert '"error"' in lines[-2] and "shutting down" in lines[-2]
+    # The official client raises the error event.
+    assert "shutting down" in outcome["openai"]
+    log = server.log_text()
+    assert "Traceback" not in log and "leaked semaphore" not in log, log[-4000:]
+    assert server.leftover_children() == []
