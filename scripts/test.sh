@@ -5,3 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh "[test]"
 python3 -m ruff check pagedllm tests
 python3 -m pytest -q -p no:cacheprovider "$@"
+bash scripts/wheel_smoke.sh

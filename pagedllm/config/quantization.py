@@ -4,9 +4,14 @@ the GGUF loader); every other method name is rejected by ModelConfig."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from pagedllm.layers.quant.base import QuantizeMethodBase
 
 
 class QuantizationConfig:
@@ -24,6 +29,11 @@ class QuantizationConfig:
     def has_blocked_weights(self) -> bool:
         """Whether weights use block-wise FP8 scales (needs the `quant_fp8` custom op)."""
         return False
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        """The method that creates, loads and applies the weights of `layer` (named `prefix` in the
+        model, e.g. "model.layers.0.mlp.down_proj"), or None to leave it unquantized."""
+        raise NotImplementedError
 
     def maybe_update_config(self, model: str, hf_config: Any = None, revision: str | None = None) -> None:
         """Let the method adjust itself to the checkpoint; methods without such needs keep the base."""
@@ -45,6 +55,10 @@ class GGUFQuantizationConfig(QuantizationConfig):
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
         return [torch.float32, torch.bfloat16, torch.float16]
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        # The GGUF loader dequantizes every tensor to the activation dtype: the layers are dense.
+        return None
 
 
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {"gguf": GGUFQuantizationConfig}

@@ -6,15 +6,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedllm.layers.linear import check_tp_size, linear
+from pagedllm.layers.linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
-    """The embedding table, vocab-sharded under tensor parallelism (at TP=1: the whole table)."""
+    """The embedding table, whole on every tensor-parallel rank (vLLM shards the vocabulary; that
+    needs a padded vocabulary and a masked lookup summed across ranks, not done yet). Created in the
+    default dtype, which the loader sets to the model's."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, tp_size: int = 1) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
-        check_tp_size(tp_size)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
@@ -29,8 +30,8 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection; shares `weight` with the embedding when the model ties them."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tp_size: int = 1) -> None:
-        super().__init__(num_embeddings, embedding_dim, tp_size=tp_size)
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
+        super().__init__(num_embeddings, embedding_dim)
         if bias:
             raise ValueError("an LM head bias is not supported")
 

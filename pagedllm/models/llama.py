@@ -1,14 +1,15 @@
 """Llama-family decoder (Llama 2/3/3.x, SmolLM2, TinyLlama); Mistral, Qwen2 and Qwen3 reuse it.
 
-Architecture only: the HF -> fused weight-name mapping is `packed_modules_mapping` below, applied by
-`load_weights`. The forward is `forward(input_ids, positions) -> hidden_states` over a flattened batch
+Architecture only: the HF -> fused weight-name mapping is `stacked_params_mapping` below, applied by the
+generic loader (`pagedllm.models.loader.weights`). Every linear layer takes the `QuantizationConfig` and
+its prefix (its name in the model), so the config chooses its method. The forward is `forward(input_ids, positions) -> hidden_states` over a flattened batch
 (no padding, no batch dimension); attention metadata arrives through the forward context.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -20,11 +21,14 @@ from pagedllm.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-    default_weight_loader,
 )
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding, get_rope, rope_parameters_from_config
-from pagedllm.models.loader.errors import ModelLoadError
+from pagedllm.models.interfaces import NativeDecoder
+from pagedllm.models.loader.weights import packed_modules
+
+if TYPE_CHECKING:
+    from pagedllm.config.quantization import QuantizationConfig
 
 
 def head_dim(config: Any) -> int:
@@ -43,12 +47,24 @@ def build_rope(config: Any) -> RotaryEmbedding:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str, bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"hidden_act={hidden_act!r} is not supported (only 'silu')")
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias, quant_config, f"{prefix}.gate_up_proj"
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias, quant_config, f"{prefix}.down_proj"
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,18 +81,28 @@ class LlamaAttention(nn.Module):
         o_bias: bool,
         qk_norm: bool,
         sliding_window: int | None,
+        quant_config: QuantizationConfig | None = None,
     ) -> None:
         super().__init__()
         hidden_size = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = head_dim(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, bias=qkv_bias
+            hidden_size,
+            self.head_dim,
+            total_heads,
+            total_kv_heads,
+            qkv_bias,
+            quant_config,
+            f"{prefix}.qkv_proj",
         )
-        self.o_proj = RowParallelLinear(self.q_size, hidden_size, bias=o_bias)
+        # This rank's heads.
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim, hidden_size, o_bias, quant_config, f"{prefix}.o_proj"
+        )
         # Qwen3 normalizes each head of q and k before rotary.
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
@@ -105,14 +131,25 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, prefix: str, rotary_emb: RotaryEmbedding, **attn_options: Any) -> None:
+    def __init__(
+        self,
+        config: Any,
+        prefix: str,
+        rotary_emb: RotaryEmbedding,
+        quant_config: QuantizationConfig | None = None,
+        **attn_options: Any,
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, f"{prefix}.self_attn", rotary_emb, **attn_options)
+        self.self_attn = LlamaAttention(
+            config, f"{prefix}.self_attn", rotary_emb, quant_config=quant_config, **attn_options
+        )
         self.mlp = LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
             config.hidden_act,
-            bias=bool(getattr(config, "mlp_bias", False)),
+            bool(getattr(config, "mlp_bias", False)),
+            quant_config,
+            f"{prefix}.mlp",
         )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -131,12 +168,18 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: Any, prefix: str, attn_options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: Any,
+        prefix: str,
+        attn_options: dict[str, Any],
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", rotary_emb, **attn_options)
+            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", rotary_emb, quant_config, **attn_options)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -151,26 +194,30 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    # HF checkpoint module name -> (our fused module, shard id) folded at load time.
-    packed_modules_mapping: dict[str, tuple[str, str | int]] = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    # HF checkpoint projections folded into our fused ones at load time: (fused module, checkpoint
+    # module, shard id of the fused layer's weight_loader).
+    stacked_params_mapping: ClassVar[list[tuple[str, str, str | int]]] = [
+        ("qkv_proj", "q_proj", "q"),
+        ("qkv_proj", "k_proj", "k"),
+        ("qkv_proj", "v_proj", "v"),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = packed_modules(stacked_params_mapping)
+    # Checkpoint tensors with no parameter here (old HF checkpoints store the rotary frequencies).
+    skip_weight_substrs: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, "model", self.attention_options(config))
+        self.model = LlamaModel(config, "model", self.attention_options(config), quant_config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()
         self.logits_processor = LogitsProcessor()
 
     def tie_weights(self) -> None:
-        """Share the embedding with the LM head (again after `to_empty`, which unties them)."""
+        """Share the embedding with the LM head (the loader then skips a checkpoint's `lm_head.weight`)."""
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
 
@@ -186,48 +233,11 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy HF-named checkpoint tensors into our (fused) parameters; raise on unknown names and
-        on parameters (or fused shards) the checkpoint did not provide. Returns the loaded names."""
-        params = dict(self.named_parameters())
-        shards_needed: dict[str, set[str | int]] = {}
-        for fused, shard in self.packed_modules_mapping.values():
-            for name in params:
-                if f".{fused}." in name:
-                    shards_needed.setdefault(name, set()).add(shard)
-        shards_seen: dict[str, set[str | int]] = {}
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings and name == "lm_head.weight"):
-                continue
-            target, shard = name, None
-            for hf_name, (fused, shard_id) in self.packed_modules_mapping.items():
-                if f".{hf_name}." in name:
-                    target, shard = name.replace(f".{hf_name}.", f".{fused}."), shard_id
-                    break
-            param = params.get(target)
-            if param is None:
-                raise ModelLoadError(
-                    f"checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}"
-                )
-            # Parameters are looked up by name and loaded by their module: materializing the model
-            # (`to_empty`) replaces the Parameter objects, so nothing is attached to them.
-            owner = self.get_submodule(target.rpartition(".")[0])
-            loader = getattr(owner, "weight_loader", default_weight_loader)
-            try:
-                if shard is None:
-                    loader(param, tensor)
-                else:
-                    loader(param, tensor, shard)
-                    shards_seen.setdefault(target, set()).add(shard)
-            except ValueError as e:
-                raise ModelLoadError(f"checkpoint tensor {name!r}: {e}") from None
-            loaded.add(target)
-        partial = sorted(n for n, need in shards_needed.items() if n in loaded and shards_seen.get(n) != need)
-        missing = sorted(set(params) - loaded) + partial
-        if missing:
-            raise ModelLoadError(
-                f"checkpoint is missing weights for: {', '.join(missing[:10])}"
-                + (f" (and {len(missing) - 10} more)" if len(missing) > 10 else "")
-            )
-        return loaded
+    def decoder_layers(self) -> Sequence[nn.Module]:
+        return self.model.layers
+
+    def native_decoder(self) -> NativeDecoder | None:
+        # Imported here: the native module loads ctypes bindings only models that run natively need.
+        from pagedllm.models.native.llama_decode import LlamaNativeDecoder
+
+        return LlamaNativeDecoder.for_model(self)

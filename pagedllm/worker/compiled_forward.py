@@ -3,8 +3,8 @@
 * `NONE` (O0): the eager module.
 * `STOCK_TORCH_COMPILE`: plain `torch.compile` of the whole forward; Dynamo guards and recompiles as
   usual.
-* `DYNAMO_TRACE_ONCE` and `VLLM_COMPILE`: the model's repeated decoder block (every element of its
-  `nn.ModuleList`s) is traced once per *shape class* of the flattened batch, and that one graph runs
+* `DYNAMO_TRACE_ONCE` and `VLLM_COMPILE`: the model's repeated decoder block (the layers it declares
+  with `decoder_layers()`) is traced once per *shape class* of the flattened batch, and that one graph runs
   every layer: the layers differ only in their weights, which the graph takes as inputs read from the
   layer it is called with. Dynamo guards are skipped (the class is chosen here, on the host, before the
   call), so a step never recompiles once its class was compiled. Tracing one block instead of the
@@ -20,9 +20,9 @@
 Attention is an opaque custom op (`pagedllm::unified_attention`), so a block is one graph.
 
 A one-token step of decodes only (one sequence decoding) runs the model body (embedding, decoder
-layers, final norm) in one native call instead, where `NativeDecoder` accepts the model
-(Llama-structured layers, float32 on an AVX-512 CPU or bfloat16 on one with AVX512-BF16; see
-`pagedllm.worker.native_decode`); the graphs of size 1 still serve every other model.
+layers, final norm) in one native call instead, where the model declares a native path
+(`SupportsNativeDecode`, e.g. `pagedllm.models.native.llama_decode`) and it accepts the loaded model;
+the graphs of size 1 still serve every other model.
 
 Once a (block, shape class) is compiled, later calls skip Dynamo's frame evaluation: the bytecode
 Dynamo generated for that compile (which fetches the graph's inputs from the block and calls the
@@ -49,7 +49,7 @@ from torch import nn
 
 from pagedllm.config.compilation import CompilationMode
 from pagedllm.config.utils import cache_root
-from pagedllm.worker.native_decode import NativeDecoder
+from pagedllm.models.interfaces import HasDecoderLayers, NativeDecoder, SupportsNativeDecode
 
 logger = logging.getLogger("pagedllm.compile")
 
@@ -63,11 +63,6 @@ def compile_cache_dir(engine_config: Any) -> Path:
     root = engine_config.compilation_config.cache_dir
     base = Path(root) if root else cache_root() / "torch_compile_cache"
     return base / engine_config.compute_hash()
-
-
-def repeated_blocks(model: nn.Module) -> list[nn.Module]:
-    """The elements of every `nn.ModuleList` of the model (its decoder layers)."""
-    return [block for m in model.modules() if isinstance(m, nn.ModuleList) for block in m]
 
 
 def _attention_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
@@ -129,7 +124,8 @@ class CompiledForward:
         self.cache_dir: Path | None = None
         if self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor":
             self.cache_dir = compile_cache_dir(engine_config)
-            # Read by Inductor's FX-graph and AOT caches whenever they look up an entry.
+            # Read by Inductor's FX-graph and AOT caches whenever they look up an entry. Inductor has no
+            # config setting for it: its `cache_dir()` reads (and itself writes) this variable.
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(self.cache_dir / "inductor")
         # Graphs Dynamo handed to the backend in this process, and how many of those Inductor loaded
         # from its on-disk cache instead of generating code.
@@ -146,9 +142,11 @@ class CompiledForward:
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
             self._stock: Forward = torch.compile(model, backend=self.backend)  # type: ignore[assignment]
             return
-        self._blocks = repeated_blocks(model)
-        if not self._blocks:
-            raise ValueError(f"{type(model).__name__} has no nn.ModuleList of blocks to compile")
+        if not isinstance(model, HasDecoderLayers) or not model.decoder_layers():
+            raise ValueError(
+                f"{type(model).__name__} declares no decoder layers to compile (decoder_layers())"
+            )
+        self._blocks = list(model.decoder_layers())
         # The LM head of a single row (one sequence decoding) is a matrix-vector product over the
         # whole vocabulary: compiled, it streams the weight (see `pagedllm.layers.linear.linear`).
         self._logits_fn: types.FunctionType = type(model).compute_logits
@@ -159,7 +157,7 @@ class CompiledForward:
         for block in self._blocks:
             signature = (type(block), _attention_constants(block))
             block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
-        self.native = NativeDecoder.for_model(model)
+        self.native = model.native_decoder() if isinstance(model, SupportsNativeDecode) else None
 
     def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[0] != 1:

@@ -190,11 +190,6 @@ def test_single_row_linear_compiled_matches_eager(dtype: torch.dtype, layout: st
     torch.testing.assert_close(got_plain, want_plain, **tol)
 
 
-def test_tensor_parallel_is_rejected() -> None:
-    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2"):
-        QKVParallelLinear(16, 4, 4, tp_size=2)
-
-
 def test_embedding_and_lm_head_logits_float32() -> None:
     embed = VocabParallelEmbedding(50, 8).to(torch.bfloat16)
     head = ParallelLMHead(50, 8)

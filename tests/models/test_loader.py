@@ -13,10 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention.paged_batch import PagedBatch
 from safetensors.torch import load_file, save_file
 from tiny_models import make_tiny_model
+from torch import nn
 from transformers import AutoConfig, LlamaConfig
 
+from pagedllm.config.quantization import QuantizationConfig
+from pagedllm.layers.linear import LinearBase, UnquantizedLinearMethod
+from pagedllm.layers.quant import LinearMethodBase, WeightLoader
 from pagedllm.models import ModelLoadError, load_model, supported_architectures
 
 
@@ -304,3 +309,100 @@ def test_loaded_checkpoint_matches_file_after_mapping_closed(tmp_path: Path) -> 
     for f in tmp_path.glob("*.safetensors"):
         f.write_bytes(b"\0" * f.stat().st_size)
     assert torch.equal(model.model.embed_tokens.weight, original["model.embed_tokens.weight"])
+
+
+class _ZeroingMethod(LinearMethodBase):
+    """Weights as an unquantized layer keeps them; records what the loader calls; the product times 0."""
+
+    def __init__(self, config: _RecordingConfig) -> None:
+        self.config = config
+        self.dense = UnquantizedLinearMethod()
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+    ) -> None:
+        self.dense.create_weights(
+            layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader
+        )
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        self.config.processed.append(layer.prefix)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        self.config.applied.add(layer.prefix)
+        return self.dense.apply(layer, x, bias) * 0
+
+
+class _RecordingConfig(QuantizationConfig):
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.chosen: list[str] = []
+        self.processed: list[str] = []
+        self.applied: set[str] = set()
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> _ZeroingMethod | None:
+        if not isinstance(layer, LinearBase):
+            return None
+        self.chosen.append(prefix)
+        return _ZeroingMethod(self)
+
+
+def test_quantization_config_chooses_every_linear_layers_method(tmp_path: Path) -> None:
+    """Every linear layer asks the config for its method by its own name, loads its checkpoint tensors
+    through it, has it finish them after loading, and computes its product with it (here: zeros, so
+    each token's hidden state is the final norm of its embedding)."""
+    config = _llama_config()
+    tensors = _random_checkpoint(config)
+    _save_sharded(tensors, tmp_path, config, num_shards=1)
+    quant = _RecordingConfig()
+    model = load_model(config, tmp_path, quant_config=quant)
+    linears = [name for name, m in model.named_modules() if isinstance(m, LinearBase)]
+    assert len(linears) == 4 * config.num_hidden_layers
+    assert quant.chosen == linears and quant.processed == linears
+    fused = torch.cat([tensors[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"])
+    torch.testing.assert_close(model.model.layers[0].self_attn.qkv_proj.weight.data, fused, atol=0, rtol=0)
+
+    ids = [3, 17, 200, 5]
+    with torch.no_grad():
+        (logits,) = PagedBatch.for_model(model).run(model, [("r", ids)])
+        want = model.compute_logits(model.model.norm(model.model.embed_tokens(torch.tensor(ids))))
+    assert quant.applied == set(linears)
+    torch.testing.assert_close(logits, want)
+
+
+_CASTS = ("half", "float", "double", "bfloat16", "type")
+
+
+def test_loading_never_casts_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parameters are created in the target dtype: no `Module.to(dtype)` (or `.half()`...) runs while
+    loading, which would also convert a quantization method's storage."""
+    calls: list[str] = []
+    original_to = nn.Module.to
+
+    def recording_to(self: nn.Module, *args: object, **kwargs: object) -> nn.Module:
+        if "dtype" in kwargs or any(isinstance(a, torch.dtype | torch.Tensor) for a in args):
+            calls.append(f"{type(self).__name__}.to{args}{kwargs}")
+        return original_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "to", recording_to)
+    for name in _CASTS:
+        original = getattr(nn.Module, name)
+        monkeypatch.setattr(
+            nn.Module, name, lambda self, *a, _n=name, _o=original: calls.append(_n) or _o(self, *a)
+        )
+    config = _llama_config(tie_word_embeddings=True)
+    tensors = _random_checkpoint(config)
+    _save_sharded(tensors, tmp_path, config, num_shards=1)
+    model = load_model(config, tmp_path, dtype=torch.bfloat16)
+    assert calls == []
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    torch.testing.assert_close(
+        model.model.embed_tokens.weight.data, tensors["model.embed_tokens.weight"].bfloat16(), atol=0, rtol=0
+    )

@@ -1,14 +1,19 @@
 """Build a model and fill its weights: `get_model(engine_config)` (the runner's entry point) and
 `load_model(...)` (the same with plain arguments, for tests and tools).
 
-The model is constructed on the meta device (no memory), given uninitialized storage on the target
-device with `to_empty`, and then each checkpoint tensor is copied once into its parameter (fused
-q/k/v and gate/up included), so no full-size temporary copy of the model ever exists.
+The model is constructed on the target device with the target dtype as the default (so each layer,
+or its quantization method, creates its parameters in the dtype it keeps them in: nothing casts the
+model afterwards, which would also cast quantized storage), its parameters uninitialized
+(`torch.empty` touches no memory), and then each checkpoint tensor is copied once into its parameter
+by the generic loop of `weights.py` (fused q/k/v and gate/up included), so no full-size temporary
+copy of the model ever exists. Layers with a quantization method then finish their weights
+(`process_weights_after_loading`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,9 @@ import torch
 from torch import nn
 
 from pagedllm.config.model_source import download_model_files, hub_weight_patterns
-from pagedllm.layers.linear import check_tp_size
+from pagedllm.config.quantization import QuantizationConfig
+from pagedllm.distributed.parallel_state import check_tensor_parallel_size
+from pagedllm.layers.quant.base import QuantizeMethodBase
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.loader.dummy import initialize_dummy_weights
 from pagedllm.models.loader.errors import ModelLoadError
@@ -28,6 +35,7 @@ from pagedllm.models.loader.gguf_loader import (
     rope_freq_factors,
 )
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safetensors_files
+from pagedllm.models.loader.weights import load_weights
 from pagedllm.models.registry import resolve_model_cls
 
 __all__ = ["ModelLoadError", "get_model", "load_model"]
@@ -47,6 +55,16 @@ def _weights(
     return iterate_safetensors(safetensors_files(model_path))
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def load_model(
     hf_config: Any,
     model_path: Path | str,
@@ -57,10 +75,12 @@ def load_model(
     seed: int | None = 0,
     tensor_parallel_size: int = 1,
     max_positions: int = 0,
+    quant_config: QuantizationConfig | None = None,
 ) -> nn.Module:
     """The model for `hf_config` with weights from `model_path` (an HF directory) or `gguf_file`,
-    in `dtype` on `device`, in eval mode, its rotary tables covering at least `max_positions`."""
-    check_tp_size(tensor_parallel_size)
+    in `dtype` on `device`, in eval mode, its rotary tables covering at least `max_positions`, each
+    linear layer with the method `quant_config` chooses for it (unquantized without one)."""
+    check_tensor_parallel_size(tensor_parallel_size)
     if load_format not in SUPPORTED_LOAD_FORMATS:
         raise ModelLoadError(
             f"load_format={load_format!r} is not supported (supported: {', '.join(SUPPORTED_LOAD_FORMATS)})"
@@ -74,29 +94,28 @@ def load_model(
     model_cls = resolve_model_cls(list(getattr(hf_config, "architectures", None) or []))
     weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path)
 
-    with torch.device("meta"):
-        model = model_cls(hf_config)
-    model = model.to(dtype).to_empty(device=device)
+    with torch.device(device), _default_dtype(dtype):
+        model = model_cls(hf_config, quant_config=quant_config)
+    # Buffers computed on the CPU whatever the device context (the rotary tables) move to the device;
+    # parameters are already there (no copy, no dtype change).
+    model.to(device=device)
     for module in model.modules():
-        # Non-persistent buffers (rotary tables) are left uninitialized by to_empty.
-        init = getattr(module, "init_buffers", None)
-        if callable(init):
-            init()
         if isinstance(module, RotaryEmbedding):
             module.cover_positions(max_positions)
-    tie = getattr(model, "tie_weights", None)
-    if callable(tie):
-        tie()
     if weights is None:
         initialize_dummy_weights(model, seed)
     else:
         with torch.no_grad():
-            model.load_weights(weights)  # type: ignore[operator]
+            load_weights(model, weights)
         if load_format == "gguf":
             assert gguf_path is not None
             factors = rope_freq_factors(gguf_path)
             if factors is not None:
                 apply_rope_freq_factors(model, factors)
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            method.process_weights_after_loading(module)
     return model.eval()
 
 
@@ -135,4 +154,5 @@ def get_model(engine_config: Any) -> nn.Module:
         seed=mc.seed,
         tensor_parallel_size=engine_config.parallel_config.tensor_parallel_size,
         max_positions=mc.max_model_len,
+        quant_config=engine_config.quant_config,
     )

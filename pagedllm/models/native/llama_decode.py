@@ -1,16 +1,19 @@
-"""Single-sequence decode steps of Llama-family models in one native call (native_decode.c).
+"""Single-sequence decode steps of Llama-family models in one native call (llama_decode.c), the C
+mirror of `pagedllm.models.llama`.
 
 A step that decodes one token of one sequence is bound by reading every weight once. Through the
 compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
-allocations and the attention op's dispatch; `NativeDecoder` instead runs the whole model body in
-one C call, from the token's embedding row through every decoder layer (AVX-512 / AVX512-BF16
-matrix-vector products, the paged attention kernel) to the final norm. `CompiledForward` uses it for
-one-token steps where `NativeDecoder.for_model` accepts the model; every other step runs the graphs.
+allocations and the attention op's dispatch; `LlamaNativeDecoder` instead runs the whole model body
+in one C call, from the token's embedding row through every decoder layer (AVX-512 / AVX512-BF16
+matrix-vector products, the paged attention kernel) to the final norm. `LlamaForCausalLM` (and the
+architectures built on it) declares this path (`native_decoder()`), and `CompiledForward` uses it for
+one-token steps where `for_model` accepts the loaded model; every other step runs the graphs.
 
-Accepted: Llama-structured decoder layers (Llama, SmolLM2, Mistral with or without a sliding window,
-Qwen2 with its q/k/v biases, Qwen3 with its per-head q/k norms), float32 weights on an AVX-512 CPU
-or bfloat16 weights on one with AVX512-BF16, and an attention shape the decode-attention kernel
-serves. Anything else keeps the compiled graphs.
+Accepted: the Llama model's layers (Llama, SmolLM2, Mistral with or without a sliding window, Qwen2
+with its q/k/v biases, Qwen3 with its per-head q/k norms) whose projections are plain dense products
+(their linear method exposes a `dense_weight`: not quantized, no adapters) on one tensor-parallel
+rank, float32 weights on an AVX-512 CPU or bfloat16 weights on one with AVX512-BF16, and an attention
+shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
 """
 
 from __future__ import annotations
@@ -26,20 +29,17 @@ from torch import nn
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, native_decode_step
 from pagedllm.forward_context import get_forward_context
-from pagedllm.layers.activation import SiluAndMul
-from pagedllm.layers.embedding import VocabParallelEmbedding
-from pagedllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.models.llama import LlamaDecoderLayer
 
 logger = logging.getLogger("pagedllm.compile")
 
-_SOURCE = Path(__file__).with_name("native_decode.c")
+SOURCE = Path(__file__).with_name("llama_decode.c")
 
 
 class _LlamaLayer(ctypes.Structure):
-    """`LlamaLayer` in native_decode.c."""
+    """`LlamaLayer` in llama_decode.c."""
 
     _fields_ = [
         (name, ctypes.c_void_p)
@@ -51,7 +51,7 @@ class _LlamaLayer(ctypes.Structure):
 
 
 class _LlamaModel(ctypes.Structure):
-    """`LlamaModel` in native_decode.c."""
+    """`LlamaModel` in llama_decode.c."""
 
     _fields_ = [
         *[
@@ -79,8 +79,8 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     lib = cpu_decode.load_native(
-        "native_decode",
-        [_SOURCE, cpu_decode.SOURCE],
+        "llama_decode",
+        [SOURCE, cpu_decode.SOURCE],
         "native decode path",
         "single-sequence decode steps run the compiled graphs",
     )
@@ -100,11 +100,14 @@ def _supports(dtype: torch.dtype) -> bool:
     return lib is not None and dtype in _DTYPES and bool(lib.native_decode_supported(dtype == torch.bfloat16))
 
 
+def _projections(layer: nn.Module) -> tuple[LinearBase, LinearBase, LinearBase, LinearBase]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
 def _unsupported(model: nn.Module) -> str | None:
-    """Why the native decode path cannot run `model`, or None."""
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not all(type(layer) is LlamaDecoderLayer for layer in layers):
-        return f"{type(model).__name__} is not made of Llama decoder layers"
+    """Why the native decode path cannot run `model` (a `LlamaForCausalLM`) as loaded, or None."""
+    layers = model.model.layers  # type: ignore[union-attr]
     dtypes = {p.dtype for p in layers.parameters()}
     if (
         any(p.device.type != "cpu" for p in layers.parameters())
@@ -113,28 +116,22 @@ def _unsupported(model: nn.Module) -> str | None:
     ):
         return "its decoder weights are not all float32 or all bfloat16 on the CPU"
     for layer in layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        modules = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        kinds = (QKVParallelLinear, RowParallelLinear, MergedColumnParallelLinear, RowParallelLinear)
-        if any(type(m) is not kind for m, kind in zip(modules, kinds)):
-            return "its projections are not plain linear layers (LoRA or quantized)"
-        if type(attn.rotary_emb) is not RotaryEmbedding or type(mlp.act_fn) is not SiluAndMul:
-            return "its layers use another rotary embedding or activation"
-        if attn.qkv_proj.weight.shape[0] != attn.q_size + 2 * attn.kv_size:
-            return "its attention is sharded across ranks"
-        if not isinstance(attn.attn.impl, TorchPagedAttentionImpl):
+        projections = _projections(layer)
+        if any(m.quant_method.dense_weight(m) is None for m in projections):
+            return "its projections are not plain dense products (quantized, or with adapters)"
+        if any(m.tp_size != 1 for m in projections):
+            return "its layers are sharded across tensor-parallel ranks"
+        if not isinstance(layer.self_attn.attn.impl, TorchPagedAttentionImpl):
             return "its attention backend is not the CPU paged backend"
     if len({layer.self_attn.attn.impl.sliding_window for layer in layers}) > 1:
         return "its layers have different sliding windows"
-    if type(model.model.embed_tokens) is not VocabParallelEmbedding or type(model.model.norm) is not RMSNorm:  # type: ignore[union-attr]
-        return "its embedding or final norm is not the plain module"
     # The C code takes one epsilon for every norm.
     if len({m.variance_epsilon for m in model.modules() if isinstance(m, RMSNorm)}) > 1:
         return "its norms have different epsilons"
     return None
 
 
-class NativeDecoder:
+class LlamaNativeDecoder:
     """`(input_ids, positions) -> hidden_states` for a one-token step of decodes only."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
@@ -163,7 +160,7 @@ class NativeDecoder:
         self._layout: cpu_decode.DecodeLayout | None = None
 
     @classmethod
-    def for_model(cls, model: nn.Module) -> NativeDecoder | None:
+    def for_model(cls, model: nn.Module) -> LlamaNativeDecoder | None:
         """The decoder for `model`, or None (logged) where the native path cannot run it."""
         reason = _unsupported(model)
         dtype = next(model.model.layers.parameters()).dtype if reason is None else None  # type: ignore[union-attr]
@@ -184,16 +181,17 @@ class NativeDecoder:
         """Each layer's tensors in `_LlamaLayer`'s order (None: a bias or norm the model lacks)."""
         rows = []
         for layer in self.model.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            projections = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            attn = layer.self_attn
+            projections = _projections(layer)
+            qkv, o, gate_up, down = (m.quant_method.dense_weight(m) for m in projections)
             rows.append(
                 (
                     layer.input_layernorm.weight,
-                    attn.qkv_proj.weight,
-                    attn.o_proj.weight,
+                    qkv,
+                    o,
                     layer.post_attention_layernorm.weight,
-                    mlp.gate_up_proj.weight,
-                    mlp.down_proj.weight,
+                    gate_up,
+                    down,
                     attn.attn.kv_cache,
                     *(m.bias for m in projections),
                     *(norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm)),

@@ -14,9 +14,9 @@
  * rotated q/k, attention output, activation, residual sums) is rounded to the element type where
  * they round it; sums and statistics run in float.
  *
- * Built by native_decode.py with the flags of cpu_decode.py; loaded with ctypes.
+ * Built by llama_decode.py with the flags of cpu_decode.py; loaded with ctypes.
  */
-#include "../attention/backends/cpu_decode.c"
+#include "../../attention/backends/cpu_decode.c"
 
 /* Which element types this build serves: float32 needs AVX-512, bfloat16 also AVX512-BF16. */
 #ifdef __AVX512F__

@@ -7,23 +7,30 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import transformers
-from runner_driver import RunnerDriver, make_config
 
-from pagedllm.config import CompilationConfig, EngineConfig
-from pagedllm.config.model import ModelConfig
-from pagedllm.sampling_params import SamplingParams
-from pagedllm.worker import native_decode
-from pagedllm.worker.compiled_forward import CompiledForward
-from pagedllm.worker.model_runner import ModelRunner
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "worker"))
+from runner_driver import RunnerDriver, make_config  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not native_decode._supports(torch.bfloat16),
+from pagedllm.config import CompilationConfig, EngineConfig  # noqa: E402
+from pagedllm.config.model import ModelConfig  # noqa: E402
+from pagedllm.layers.linear import LinearBase  # noqa: E402
+from pagedllm.layers.quant import LinearMethodBase  # noqa: E402
+from pagedllm.models import load_model  # noqa: E402
+from pagedllm.models.interfaces import HasDecoderLayers, SupportsNativeDecode  # noqa: E402
+from pagedllm.models.native import llama_decode  # noqa: E402
+from pagedllm.sampling_params import SamplingParams  # noqa: E402
+from pagedllm.worker.compiled_forward import CompiledForward  # noqa: E402
+from pagedllm.worker.model_runner import ModelRunner  # noqa: E402
+
+needs_native = pytest.mark.skipif(
+    not llama_decode._supports(torch.bfloat16),
     reason="the native decode path needs a C compiler and AVX512-BF16",
 )
 
@@ -107,6 +114,7 @@ def _generate(
     return tokens, logprobs
 
 
+@needs_native
 @pytest.mark.parametrize(
     ("name", "dtype"), [*((name, "bfloat16") for name in MODELS), ("llama-odd-widths", "float32")]
 )
@@ -162,6 +170,7 @@ def _check_against_reference(
     torch.testing.assert_close(torch.tensor(logprobs), chosen, atol=TIE, rtol=0)
 
 
+@needs_native
 def test_models_the_path_cannot_run_keep_the_graphs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _save("llama-gqa-mlp-bias", tmp_path / "llama")
     with caplog.at_level(logging.INFO, logger="pagedllm.compile"):
@@ -173,14 +182,43 @@ def test_models_the_path_cannot_run_keep_the_graphs(tmp_path: Path, caplog: pyte
     assert len(tokens) == MAX_TOKENS
 
 
+@needs_native
 @pytest.mark.parametrize(("token", "position", "status"), [(10, 0, -4), (-1, 0, -4), (3, 4, -5), (3, -1, -5)])
 def test_token_or_position_outside_its_table_is_refused(token: int, position: int, status: int) -> None:
     """The C entry checks the token id against the vocabulary and the position against the rotary
     table before it reads either (the caller raises IndexError on these statuses)."""
-    lib = native_decode._library()
+    lib = llama_decode._library()
     assert lib is not None
-    model = native_decode._LlamaModel(hidden=16, intermediate=32, num_heads=1, num_kv_heads=1, head_size=16)
+    model = llama_decode._LlamaModel(hidden=16, intermediate=32, num_heads=1, num_kv_heads=1, head_size=16)
     model.num_layers, model.vocab, model.eps = 1, 10, 1e-6
     ids, positions = torch.tensor([token]), torch.tensor([position])
     args = (ctypes.byref(model), ids.data_ptr(), positions.data_ptr(), None, 4, None, None, None, None, None)
     assert lib.decode_step_bf16(*args) == status
+
+
+class _Opaque(LinearMethodBase):
+    """A method whose product is not a plain dense matrix (as a quantized one's): no `dense_weight`."""
+
+    def create_weights(self, *_: Any) -> None:
+        raise AssertionError("not called: the layer already has its weights")
+
+    def apply(self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise AssertionError("not called: only the selection runs")
+
+
+def test_the_model_declares_the_path_and_its_layers_decide() -> None:
+    """Llama-family models declare their decoder layers and native path; the path refuses layers whose
+    linear method is not a plain dense product, whatever their class (runs without AVX-512: only
+    the selection)."""
+    _, config = MODELS["qwen3-attention-bias"]
+    config.architectures = ["Qwen3ForCausalLM"]
+    model = load_model(config, ".", load_format="dummy")
+    assert isinstance(model, SupportsNativeDecode) and isinstance(model, HasDecoderLayers)
+    assert list(model.decoder_layers()) == list(model.model.layers)
+    assert llama_decode._unsupported(model) is None
+    down = model.model.layers[1].mlp.down_proj
+    assert isinstance(down, LinearBase)
+    down.quant_method = _Opaque()
+    assert "not plain dense products" in (llama_decode._unsupported(model) or "")
+    half = load_model(config, ".", load_format="dummy", dtype=torch.float16)
+    assert "not all float32 or all bfloat16" in (llama_decode._unsupported(half) or "")

@@ -1,0 +1,64 @@
+"""What a layer delegates to its quantization method: creating its weights, fixing them up after the
+checkpoint is loaded, and computing its product.
+
+A `QuantizationConfig` (`pagedllm.config.quantization`) picks the method of each layer by its prefix
+(`get_quant_method(layer, prefix)`); unquantized layers use `UnquantizedLinearMethod`. Quantized
+formats (GGUF kept packed, AWQ, GPTQ, fp8) and LoRA wrappers are further methods.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+class WeightLoader(Protocol):
+    """`weight_loader(param, loaded_weight[, shard_id])`: copy a checkpoint tensor into (this rank's
+    slice of, and the fused shard `shard_id` of) `param`."""
+
+    def __call__(
+        self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None: ...
+
+
+class QuantizeMethodBase(ABC):
+    """Creates, loads and applies the weights of one layer."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for input `x`."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once every checkpoint tensor is in place (repacking, scales); nothing by default."""
+        return None
+
+
+class LinearMethodBase(QuantizeMethodBase):
+    """The method of a linear layer (`y = x @ W^T + b`)."""
+
+    @abstractmethod
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+    ) -> None:
+        """Register this rank's weight parameters on `layer` (each with `weight_loader` as its
+        `weight_loader` attribute). `output_partition_sizes` are the fused outputs' sizes on this rank."""
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
+        """The [out, in] matrix whose plain product `apply` computes, for code that runs the product
+        itself (the native decode path); None when `apply` computes anything else (a method that
+        overrides `apply` of one that returns a matrix must override this too)."""
+        return None
+
+
+def set_weight_loader(param: nn.Parameter, weight_loader: WeightLoader) -> nn.Parameter:
+    """Attach the loader to the parameter, where the generic model loader looks for it."""
+    param.weight_loader = weight_loader  # type: ignore[attr-defined]
+    return param

@@ -1,0 +1,33 @@
+"""What a model declares to the runner beyond `forward` and `compute_logits` (checked with
+`isinstance`, as vLLM's `supports_*` interfaces): the decoder layers to compile, and a native
+single-sequence decode path."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+class NativeDecoder(Protocol):
+    """`(input_ids, positions) -> hidden_states` of a one-token step of decodes only, in one native
+    call; None where it cannot serve the step (then the compiled graphs run it)."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None: ...
+
+
+@runtime_checkable
+class HasDecoderLayers(Protocol):
+    def decoder_layers(self) -> Sequence[nn.Module]:
+        """The repeated blocks of the model body, in order (each compiled once per shape class)."""
+        ...
+
+
+@runtime_checkable
+class SupportsNativeDecode(Protocol):
+    def native_decoder(self) -> NativeDecoder | None:
+        """The native decode path of this model as loaded, or None (logged why) where it cannot run
+        it (weights' dtype, quantized or sharded layers, the CPU, no compiler)."""
+        ...

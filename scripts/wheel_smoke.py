@@ -1,0 +1,32 @@
+"""Smoke test of an installed (non-editable) pagedllm, run by scripts/wheel_smoke.sh from a fresh
+venv outside the checkout: the package imports from the venv, its native C sources are installed and
+build, and the embedded SmolLM2 model generates a few tokens at -O0."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pagedllm
+from pagedllm import LLM, SamplingParams
+from pagedllm.attention.backends import cpu_decode
+from pagedllm.models.native import llama_decode
+
+
+def main() -> None:
+    installed = Path(pagedllm.__file__).resolve()
+    assert installed.is_relative_to(Path(sys.prefix).resolve()), f"pagedllm imported from {installed}"
+    package = installed.parent
+    sources = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.c"))
+    assert "models/native/llama_decode.c" in sources and "attention/backends/cpu_decode.c" in sources, sources
+    if cpu_decode._compiler() is not None:
+        assert cpu_decode.kernel() is not None, "the CPU attention kernels did not build"
+        assert llama_decode._library() is not None, "the native Llama decode library did not build"
+    llm = LLM(optimization_level=0, max_model_len=256)
+    (out,) = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=8))
+    assert len(out.outputs[0].token_ids) == 8, out
+    print(f"wheel smoke test passed: {installed.parent}, {len(sources)} C sources, {out.outputs[0].text!r}")
+
+
+if __name__ == "__main__":
+    main()
