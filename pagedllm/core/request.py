@@ -6,12 +6,25 @@ import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pagedllm.engine.protocol import FinishReason
+import msgspec
+
+from pagedllm.core.outputs import FinishReason
 from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedllm.core.hashing import BlockHash
-    from pagedllm.engine.protocol import EngineCoreRequest
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    """A request as the front-end sends it to the core (over ZMQ for the server)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float = 0.0
+    priority: int = 0
+    lora_int_id: int = 0
 
 
 class RequestStatus(enum.IntEnum):
@@ -78,6 +91,9 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         # Tokens whose KV is in the cache (or scheduled to be, once `schedule()` returned).
         self.num_computed_tokens = 0
+        # Draft tokens proposed after the last token, to be verified in the next step (not yet part of
+        # the sequence: a rejected draft is simply dropped).
+        self.spec_token_ids: list[int] = []
         # Prompt tokens served from the prefix cache when first scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
         self.num_preemptions = 0
@@ -109,6 +125,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        """Tokens the next step may run: the sequence plus the drafts awaiting verification."""
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -9,6 +9,7 @@ all of its tokens so far, because the runner dropped its state at preemption.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pagedllm.sampling_params import SamplingParams
 
@@ -49,7 +50,19 @@ class SchedulerOutput:
     # Requests that finished or were preempted since the last step: the runner drops their state.
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # req_id -> draft tokens scheduled for verification after the request's last token (their count is
+    # included in num_scheduled_tokens). Only requests with drafts appear.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
         return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class GrammarOutput:
+    """The step's structured-output constraints: for each constrained request (in this order), its row
+    of ``grammar_bitmask`` [num_constrained, ceil(vocab / 32)] int32 (bit set = token allowed)."""
+
+    structured_output_request_ids: list[str]
+    grammar_bitmask: Any

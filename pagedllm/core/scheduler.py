@@ -19,10 +19,10 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
+from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput
-from pagedllm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
-from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
     # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
@@ -185,7 +185,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------------------------- schedule
     def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
-        n = request.num_tokens - num_computed
+        # Drafts ride along after the last token; none may reach past max_model_len.
+        n = min(request.num_tokens_with_spec, self.max_model_len) - num_computed
         # The threshold chunks long prompts, so it only applies where chunking is allowed.
         if self.enable_chunked_prefill and 0 < self.long_prefill_token_threshold < n:
             n = self.long_prefill_token_threshold
@@ -201,6 +202,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(request)
@@ -210,6 +212,7 @@ class Scheduler:
         token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
+        spec_decode_tokens: dict[str, list[int]] = {}
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
 
@@ -232,6 +235,7 @@ class Scheduler:
                     # Scheduled earlier in this step (possible under the priority policy): undo it.
                     token_budget += num_scheduled_tokens.pop(victim.request_id)
                     new_block_ids.pop(victim.request_id, None)
+                    spec_decode_tokens.pop(victim.request_id, None)
                     scheduled_running.remove(victim)
                     kv.uncache_unscheduled_blocks(victim)
                 if victim_index < i:
@@ -246,6 +250,12 @@ class Scheduler:
                 continue  # `request` itself was preempted; running[i] is now the next one
             num_scheduled_tokens[request.request_id] = num_new
             new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            if request.spec_token_ids:
+                # The drafts that fit the budget follow the request's last token; the rest are dropped.
+                num_spec = num_new - (request.num_tokens - request.num_computed_tokens)
+                if num_spec > 0:
+                    spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_spec]
+                request.spec_token_ids = []
             scheduled_running.append(request)
             token_budget -= num_new
             i += 1
@@ -287,6 +297,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in preempted},
+            scheduled_spec_decode_tokens=spec_decode_tokens,
         )
         self.finished_req_ids = set()
         return output
@@ -322,6 +333,18 @@ class Scheduler:
             num_scheduled_tokens[request.request_id] = num_new
             token_budget -= num_new
         return scheduled
+
+    def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
+        """The allowed-token bitmask of the step's structured-output requests; None while no request
+        is constrained (always, until structured outputs land)."""
+        return None
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Record the drafter's proposals: each running request verifies its drafts next step."""
+        for req_id, token_ids in draft_token_ids.items():
+            request = self.requests.get(req_id)
+            if request is not None and request.status == RequestStatus.RUNNING:
+                request.spec_token_ids = list(token_ids)
 
     # ---------------------------------------------------------------------------------- outputs
     def _check_stop(self, request: Request) -> bool:
@@ -360,6 +383,11 @@ class Scheduler:
                 continue  # aborted after it was scheduled
             i = index.get(req_id)
             generated = sampled[i] if i is not None else []
+            num_draft = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+            if num_draft and generated:
+                # The runner returns the accepted drafts plus one token: the KV of the rejected
+                # drafts is recomputed (overwritten) from here on.
+                request.num_computed_tokens -= num_draft + 1 - len(generated)
             new_token_ids: list[int] = []
             stopped = False
             for token_id in generated:

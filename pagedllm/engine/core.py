@@ -17,7 +17,7 @@ from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.executor import Executor
-from pagedllm.worker.kv_cache import check_num_blocks, num_blocks_from_budget
+from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_from_budget
 
 logger = logging.getLogger("pagedllm.engine")
 
@@ -47,6 +47,8 @@ class EngineCore:
             self.model_executor.shutdown()
             raise
         self._vocab_size: int = engine_config.model_config.get_vocab_size()
+        # The drafter stage runs only when a speculative method is configured.
+        self._use_spec_decode = engine_config.speculative_config is not None
         # Requests refused at admission, reported (once) by the next step().
         self._admission_errors: dict[str, str] = {}
 
@@ -54,16 +56,18 @@ class EngineCore:
         """Size the KV cache in blocks, record it in `cache_config.num_gpu_blocks`, allocate it."""
         cfg = self.engine_config
         cache_config = cfg.cache_config
-        spec = self.model_executor.get_kv_cache_spec()
+        rpc = self.model_executor.collective_rpc
+        # Every worker holds the same layers (no pipeline stages yet): rank 0's spec speaks for all.
+        spec: KVCacheSpec = rpc("get_kv_cache_spec")[0]
         override = cache_config.num_gpu_blocks_override
         # With an explicit block count there is nothing to measure (and no profiling forward to run).
-        budget = 0 if override is not None else self.model_executor.determine_available_kv_cache_bytes()
+        budget = 0 if override is not None else min(rpc("determine_available_kv_cache_bytes"))
         num_blocks = num_blocks_from_budget(budget, spec.bytes_per_block, override)
         max_model_len = cfg.model_config.max_model_len
         check_num_blocks(num_blocks, spec.block_size, max_model_len, spec.bytes_per_block)
         cache_config.num_gpu_blocks = num_blocks
-        self.model_executor.initialize_kv_cache(num_blocks)
-        self.model_executor.compile_or_warm_up_model()
+        rpc("initialize_kv_cache", args=(num_blocks,))
+        rpc("compile_or_warm_up_model")
         logger.info(
             "KV cache: %d blocks x %d tokens = %d tokens (%.1f MiB, %.1fx max_model_len=%d)",
             num_blocks,
@@ -107,11 +111,21 @@ class EngineCore:
         return bool(self._admission_errors) or self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
-        """Schedule one batch, run it, and return what each request produced."""
+        """Schedule one batch, run it, and return what each request produced.
+
+        The stages, in order: schedule -> grammar bitmask (structured outputs) -> execute (the forward)
+        -> sample (under the bitmask) -> propose drafts (speculative decoding) -> update the requests.
+        The bitmask is computed while the workers run the forward, which it does not need."""
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()
-            runner_output = self.model_executor.execute_model(scheduler_output)
+            self.model_executor.execute_model(scheduler_output)
+            grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
+            runner_output = self.model_executor.sample_tokens(grammar_output)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            if self._use_spec_decode:
+                draft_token_ids = self.model_executor.collective_rpc("propose_draft_token_ids")[0]
+                if draft_token_ids is not None:
+                    self.scheduler.update_draft_token_ids(draft_token_ids)
         else:
             outputs = EngineCoreOutputs()
         if self._admission_errors:

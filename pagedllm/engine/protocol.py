@@ -1,70 +1,10 @@
 """Messages between the front-end (LLMEngine / AsyncLLM) and the EngineCore.
 
-msgspec structs so the same types cross the ZMQ socket of the server unchanged.
+msgspec structs so the same types cross the ZMQ socket of the server unchanged. The core defines them
+(core/ never imports engine/); this module is the front-end's one place to import them from.
 """
 
-from __future__ import annotations
+from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
+from pagedllm.core.request import EngineCoreRequest
 
-import enum
-import time
-
-import msgspec
-
-from pagedllm.core.runner_output import LogprobsLists
-from pagedllm.sampling_params import SamplingParams
-
-
-class FinishReason(enum.IntEnum):
-    STOP = 0  # EOS, a stop token id or a stop string
-    LENGTH = 1  # max_tokens or max_model_len reached
-    ABORT = 2  # aborted by the client or at shutdown
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-
-class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams
-    eos_token_id: int | None
-    arrival_time: float = 0.0
-    priority: int = 0
-    lora_int_id: int = 0
-
-
-class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: LogprobsLists | None = None
-    new_prompt_logprobs: LogprobsLists | None = None
-    finish_reason: FinishReason | None = None
-    # The stop token id (int) that ended the request, if any.
-    stop_reason: int | str | None = None
-    num_cached_tokens: int = 0
-    # When the scheduler first scheduled the request (queue time = this - arrival_time). Wall clock
-    # (time.time()), like the front-end's arrival_time: time.monotonic()'s reference point is undefined,
-    # so it is only comparable within one process. Sent once, with the request's first output.
-    first_scheduled_time: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-class SchedulerStats(msgspec.Struct, omit_defaults=True):
-    num_running_reqs: int = 0
-    num_waiting_reqs: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
-
-
-class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
-    outputs: list[EngineCoreOutput] = []
-    scheduler_stats: SchedulerStats | None = None
-    # Wall clock, like every time that crosses the process boundary.
-    timestamp: float = msgspec.field(default_factory=time.time)
-    # Requests the core finished on its own initiative (e.g. rejected at admission): id -> message.
-    errors: dict[str, str] = {}
+__all__ = ["EngineCoreOutput", "EngineCoreOutputs", "EngineCoreRequest", "FinishReason", "SchedulerStats"]

@@ -11,8 +11,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from pagedllm.core.runner_output import ModelRunnerOutput
-from pagedllm.core.sched_output import SchedulerOutput
-from pagedllm.worker.kv_cache import KVCacheSpec
+from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 
 
 class Executor(ABC):
@@ -53,21 +52,25 @@ class Executor(ABC):
         """Start the workers and load the model on them."""
 
     @abstractmethod
-    def get_kv_cache_spec(self) -> KVCacheSpec: ...
+    def collective_rpc(
+        self,
+        method: str,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Call the worker method named ``method`` on every worker; their results in rank order.
 
-    @abstractmethod
-    def determine_available_kv_cache_bytes(self) -> int:
-        """The KV cache byte budget (the minimum over workers)."""
+        ``timeout`` (seconds) bounds the wait for workers in other processes; an in-process worker
+        runs the call to completion."""
 
-    @abstractmethod
-    def initialize_kv_cache(self, num_blocks: int) -> None: ...
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Run the step's forward (the workers keep its state until `sample_tokens`)."""
+        self.collective_rpc("execute_model", args=(scheduler_output,))
 
-    @abstractmethod
-    def compile_or_warm_up_model(self) -> None:
-        """Compile the forward for every shape class before the first request."""
-
-    @abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """Sample the step run by `execute_model`, under the grammar's bitmask when there is one."""
+        return self.collective_rpc("sample_tokens", args=(grammar_output,))[0]
 
     @abstractmethod
     def shutdown(self) -> None: ...

@@ -5,9 +5,10 @@ progress and new blocks for known ones, drops finished/preempted ones), (2) buil
 inputs of every scheduled token with vectorized numpy ops into preallocated buffers (positions,
 token ids, slot mapping, query_start_loc, seq_lens, block tables), (3) runs ONE forward for the whole
 mixed batch, (4) computes logits only for the last scheduled token of each request whose sequence is
-complete after this step (a mid-prefill chunk samples nothing) plus the prompt positions of
-prompt-logprobs requests, and (5) samples and records the new tokens in its own state (the scheduler
-never sends generated tokens back).
+complete after this step (a mid-prefill chunk samples nothing), and for the draft tokens of requests
+verifying drafts (`cu_num_logits` counts the rows per request) - steps 1-4 are `execute_model` - then
+`sample_tokens` (5) samples, under the grammar bitmask once structured outputs exist, computes prompt
+logprobs, and records the new tokens in its own state (the scheduler never sends generated tokens back).
 
 The only host syncs per step are the ones that read the sampled ids (and logprobs, when asked).
 """
@@ -29,7 +30,7 @@ from torch import nn
 from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
-from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.models import get_model
@@ -80,6 +81,20 @@ class _StepInputs:
     sample_idx: np.ndarray
 
 
+@dataclass
+class _ExecuteState:
+    """What `execute_model` leaves for `sample_tokens`: the step's inputs, hidden states and logits."""
+
+    inputs: _StepInputs
+    hidden: torch.Tensor
+    # [cu_num_logits[-1], vocab] float32: for each sampling request (in sample_idx order), the logits of
+    # its last token followed by those of its draft tokens.
+    logits: torch.Tensor | None
+    # [len(sample_idx) + 1] cumulative logits rows per sampling request (0 first): 1 per request, 1 + k
+    # for a request verifying k drafts.
+    cu_num_logits: np.ndarray
+
+
 class ModelRunner:
     def __init__(self, engine_config: Any) -> None:
         self.engine_config = engine_config
@@ -116,12 +131,15 @@ class ModelRunner:
         self._seq_lens = _StagedBuffer(r, torch.int32, self.device, pin)
         self._num_computed = _StagedBuffer(r, torch.int32, self.device, pin)
         self._block_tables = _StagedBuffer((r, self.max_num_blocks_per_req), torch.int32, self.device, pin)
-        self._logits_indices = _StagedBuffer(r, torch.int64, self.device, pin)
+        # One logits row per scheduled token at most (every token of a request verifying drafts).
+        self._logits_indices = _StagedBuffer(t, torch.int64, self.device, pin)
         # Reused index scratch of the flattened batch.
         self._arange = np.arange(max(t, r + 1), dtype=np.int64)
         # Marks the end of a step's host->device input copies: the pinned host buffers are rewritten
         # next step only after it (a step that samples nothing has no other sync point).
         self._inputs_copied = torch.cuda.Event() if self.device.type == "cuda" else None
+        # The step between execute_model and sample_tokens.
+        self.execute_state: _ExecuteState | None = None
 
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
@@ -344,27 +362,80 @@ class ModelRunner:
             sample_idx=sample_idx,
         )
 
+    def _write_draft_tokens(self, drafts: dict[str, list[int]]) -> None:
+        """Place each request's drafts after its last token, where the input gather reads them (they
+        are not part of the sequence: num_tokens is unchanged)."""
+        batch = self.input_batch
+        for req_id, token_ids in drafts.items():
+            row = batch.req_id_to_row[req_id]
+            start = int(batch.num_tokens[row])
+            batch.token_ids[row, start : start + len(token_ids)] = token_ids
+
+    def _logits_rows(self, inputs: _StepInputs, drafts: dict[str, list[int]]) -> np.ndarray:
+        """Fill the logits indices (token positions in the flattened batch) of the sampling requests:
+        each one's last scheduled token, preceded by its draft positions when it verifies drafts.
+        Returns cu_num_logits."""
+        idx = inputs.sample_idx
+        ends = inputs.query_start_loc[idx + 1]
+        if not drafts:
+            n = idx.size
+            self._logits_indices.np[:n] = ends - 1
+            return self._arange[: n + 1].copy()
+        num_logits = 1 + np.fromiter(
+            (len(drafts.get(inputs.req_ids[i], ())) for i in idx.tolist()), dtype=np.int64, count=idx.size
+        )
+        cu = np.zeros(idx.size + 1, dtype=np.int64)
+        np.cumsum(num_logits, out=cu[1:])
+        total = int(cu[-1])
+        # Row j of request i is the token at ends[i] - num_logits[i] + j.
+        offsets = np.repeat(ends - num_logits - cu[:-1], num_logits)
+        np.add(offsets, self._arange[:total], out=self._logits_indices.np[:total])
+        return cu
+
     @torch.inference_mode()
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput) -> None:
+        """Run the step's forward and the logits of its sampling requests; `sample_tokens` finishes it."""
         self._update_states(so)
+        self.execute_state = None
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+            return
         model = self._require_model()
+        drafts = so.scheduled_spec_decode_tokens
+        if drafts:
+            self._write_draft_tokens(drafts)
         inputs = self._prepare_inputs(so)
         with set_forward_context(inputs.attn_metadata):
             hidden = self._run_forward(inputs.input_ids, inputs.positions)
+        logits = None
+        cu_num_logits = self._logits_rows(inputs, drafts)
+        num_rows = int(cu_num_logits[-1])
+        if num_rows:
+            logits = model.compute_logits(hidden.index_select(0, self._logits_indices.to_device(num_rows)))
+        self.execute_state = _ExecuteState(inputs, hidden, logits, cu_num_logits)
 
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """Sample the step `execute_model` ran. A request verifying drafts samples from the logits of
+        its last real token and accepts none of them (verification comes with a drafter), so it
+        produces exactly what it would have without drafts. ``grammar_output`` is None until
+        structured outputs land."""
+        state, self.execute_state = self.execute_state, None
+        if state is None:
+            return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        inputs = state.inputs
         num_reqs = len(inputs.req_ids)
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs: list[LogprobsLists | None] = [None] * num_reqs
-        n_sample = inputs.sample_idx.size
-        if n_sample:
-            sampled, sampled_lps = self._sample(model, hidden, inputs)
+        if state.logits is not None:
+            sampled, sampled_lps = self._sample(state.logits, state.cu_num_logits, inputs)
             self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
             for j, i in enumerate(inputs.sample_idx.tolist()):
                 sampled_token_ids[i] = [sampled[j]]
                 logprobs[i] = sampled_lps[j]
-        prompt_logprobs = self._prompt_logprobs(model, hidden, inputs) if self.prompt_logprobs_next else {}
+        model = self._require_model()
+        prompt_logprobs = (
+            self._prompt_logprobs(model, state.hidden, inputs) if self.prompt_logprobs_next else {}
+        )
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
@@ -373,15 +444,21 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
         )
 
+    def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
+        """The drafter's proposals for the next step (req_id -> draft tokens); None without a
+        speculative method (there is no drafter yet)."""
+        return None
+
     def _sample(
-        self, model: nn.Module, hidden: torch.Tensor, inputs: _StepInputs
+        self, logits: torch.Tensor, cu_num_logits: np.ndarray, inputs: _StepInputs
     ) -> tuple[list[int], list[LogprobsLists | None]]:
         batch = self.input_batch
-        idx = inputs.sample_idx
-        n = idx.size
-        self._logits_indices.np[:n] = inputs.query_start_loc[idx + 1] - 1
-        logits = model.compute_logits(hidden.index_select(0, self._logits_indices.to_device(n)))
-        rows = inputs.rows[idx].tolist()
+        n = inputs.sample_idx.size
+        if logits.shape[0] != n:
+            # Requests with drafts: sample from each request's first row (its last real token).
+            first_rows = torch.from_numpy(cu_num_logits[:-1]).to(logits.device)
+            logits = logits.index_select(0, first_rows)
+        rows = inputs.rows[inputs.sample_idx].tolist()
         generators = {
             j: self.generators[batch.req_ids[row]]  # type: ignore[index]
             for j, row in enumerate(rows)

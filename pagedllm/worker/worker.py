@@ -1,17 +1,18 @@
-"""A worker: one device, one model runner. Executors drive workers; the runner does the work."""
+"""A worker: one device, one model runner. Executors drive workers (calling its methods by name through
+`Executor.collective_rpc`); the runner does the work."""
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 from typing import Any
 
 import numpy as np
 import torch
 
+from pagedllm import envs
 from pagedllm.core.runner_output import ModelRunnerOutput
-from pagedllm.core.sched_output import SchedulerOutput
+from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.platforms import current_platform
 from pagedllm.worker.kv_cache import KVCacheSpec
 from pagedllm.worker.model_runner import ModelRunner
@@ -31,7 +32,7 @@ class Worker:
         if device.type == "cuda":
             torch.cuda.set_device(device if device.index is not None else self.local_rank)
         elif current_platform.is_cpu():
-            if "OMP_NUM_THREADS" not in os.environ:
+            if not envs.is_set("OMP_NUM_THREADS"):
                 # torch defaults to the physical core count of the whole machine, which oversubscribes
                 # a container or a process pinned to fewer cores; an explicit OMP_NUM_THREADS wins.
                 torch.set_num_threads(current_platform.get_cpu_count())
@@ -66,8 +67,14 @@ class Worker:
     def compile_or_warm_up_model(self) -> None:
         self.runner.compile_or_warm_up_model()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.runner.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        self.runner.execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        return self.runner.sample_tokens(grammar_output)
+
+    def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
+        return self.runner.propose_draft_token_ids()
 
     def shutdown(self) -> None:
         # Drop the model and caches so their memory is returned now, not at interpreter exit.

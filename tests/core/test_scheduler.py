@@ -15,7 +15,8 @@ from fake_runner import (
     step,
 )
 
-from pagedllm.core.request import RequestStatus
+from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import FinishReason
 
@@ -556,3 +557,65 @@ def test_undone_victim_leaves_no_unwritten_block_in_the_prefix_cache() -> None:
     s.add_request(make_request(s, "copy", bad_prompt, max_tokens=3, priority=0, arrival_time=2))
     res = run_until_done(s, runner)
     assert res.tokens["copy"] == res.tokens["bad"] == expected_tokens(bad_prompt, 3)
+
+
+# ------------------------------------------------------------------------------ speculative drafts
+def _decoding_request(s: Scheduler, runner: FakeRunner, prompt_len: int = 9) -> tuple[Request, int]:
+    req = make_request(s, "a", list(range(1, prompt_len + 1)), max_tokens=20)
+    s.add_request(req)
+    step(s, runner)  # the prompt, and the first output token
+    assert req.num_computed_tokens == req.num_tokens - 1
+    return req, req.num_tokens
+
+
+def _runner_output(req_id: str, tokens: list[int]) -> ModelRunnerOutput:
+    return ModelRunnerOutput(req_ids=[req_id], req_id_to_index={req_id: 0}, sampled_token_ids=[tokens])
+
+
+@pytest.mark.parametrize("num_accepted", [0, 2, 3])
+def test_drafts_are_scheduled_after_the_last_token_and_rejects_roll_back(num_accepted: int) -> None:
+    s = make_scheduler()
+    req, num_tokens = _decoding_request(s, FakeRunner(s.block_size))
+    s.update_draft_token_ids({"a": [11, 12, 13], "unknown": [1]})
+    assert req.num_tokens_with_spec == num_tokens + 3
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"a": 4} and so.total_num_scheduled_tokens == 4
+    assert so.scheduled_spec_decode_tokens == {"a": [11, 12, 13]}
+    # The drafts are consumed by the step; the KV of all four tokens is in flight.
+    assert req.spec_token_ids == [] and req.num_computed_tokens == num_tokens + 3
+    assert len(s.kv_cache_manager.get_block_ids("a")) * s.block_size >= num_tokens + 3
+    # The runner returns the accepted drafts plus one token of its own.
+    sampled = [11, 12, 13][:num_accepted] + [40]
+    out = s.update_from_output(so, _runner_output("a", sampled))
+    assert out.outputs[0].new_token_ids == sampled
+    assert req.num_tokens == num_tokens + len(sampled)
+    # Everything but the newest token is computed: rejected drafts' slots get recomputed.
+    assert req.num_computed_tokens == req.num_tokens - 1
+    assert s.schedule().num_scheduled_tokens == {"a": 1}
+
+
+def test_drafts_are_cut_to_the_budget_and_max_model_len_and_dropped_at_preemption() -> None:
+    s = make_scheduler(max_num_batched_tokens=3)
+    req, num_tokens = _decoding_request(s, FakeRunner(s.block_size), prompt_len=2)
+    s.update_draft_token_ids({"a": [11, 12, 13, 14]})
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"a": 3} and so.scheduled_spec_decode_tokens == {"a": [11, 12]}
+    s.update_from_output(so, _runner_output("a", [40]))
+
+    s = make_scheduler(max_model_len=12)
+    req, num_tokens = _decoding_request(s, FakeRunner(s.block_size))
+    s.update_draft_token_ids({"a": [11, 12, 13, 14]})
+    so = s.schedule()
+    assert num_tokens + len(so.scheduled_spec_decode_tokens["a"]) == 12
+
+    s = make_scheduler()
+    req, _ = _decoding_request(s, FakeRunner(s.block_size))
+    s.update_draft_token_ids({"a": [11, 12]})
+    s._preempt(s.running.pop())
+    assert req.spec_token_ids == [] and req.num_tokens_with_spec == req.num_tokens
+
+
+def test_grammar_bitmask_stage_has_nothing_to_constrain_yet() -> None:
+    s = make_scheduler()
+    _decoding_request(s, FakeRunner(s.block_size))
+    assert s.get_grammar_bitmask(s.schedule()) is None

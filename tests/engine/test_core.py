@@ -103,14 +103,14 @@ def test_prefix_cache_hits_give_the_same_tokens(model_dir: Path) -> None:
 def test_kv_cache_sizing(model_dir: Path) -> None:
     cfg = make_config(model_dir, kv_cache_memory_bytes=2**20)
     core = EngineCore(cfg)
-    bytes_per_block = core.model_executor.get_kv_cache_spec().bytes_per_block
+    bytes_per_block = core.model_executor.collective_rpc("get_kv_cache_spec")[0].bytes_per_block
     assert cfg.cache_config.num_gpu_blocks == 2**20 // bytes_per_block
     core.shutdown()
 
     cfg = make_config(model_dir, kv_cache_memory_bytes=2**20, num_gpu_blocks_override=9)
     core = EngineCore(cfg)
     assert cfg.cache_config.num_gpu_blocks == 9
-    assert core.model_executor.worker.runner.kv_caches[0].shape[1] == 9
+    assert core.model_executor.driver_worker.runner.kv_caches[0].shape[1] == 9
     core.shutdown()
 
 

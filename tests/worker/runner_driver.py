@@ -119,7 +119,12 @@ class RunnerDriver:
         r.blocks.extend(new)
         return new
 
-    def step(self) -> ModelRunnerOutput:
+    def step(self, drafts: dict[str, list[int]] | None = None) -> ModelRunnerOutput:
+        """One step. ``drafts`` (req_id -> draft tokens) are scheduled after the last token of the
+        decoding requests named, as the scheduler does for speculative decoding; the runner accepts
+        none of them yet, so the request advances by its one sampled token."""
+        drafts = drafts or {}
+        spec: dict[str, list[int]] = {}
         new_reqs: list[NewRequestData] = []
         cached = CachedRequestData()
         sched: dict[str, int] = {}
@@ -127,6 +132,9 @@ class RunnerDriver:
             if len(r.outputs) >= r.max_tokens:
                 continue
             n = min(len(r.tokens) - r.num_computed, self.chunk_size)
+            if r.known and n == 1 and drafts.get(r.req_id):
+                spec[r.req_id] = drafts[r.req_id]
+                n += len(spec[r.req_id])
             new_blocks = self._alloc(r, r.num_computed + n)
             if not r.known:
                 new_reqs.append(
@@ -140,13 +148,16 @@ class RunnerDriver:
                 cached.new_block_ids.append(new_blocks)
                 cached.num_computed_tokens.append(r.num_computed)
             sched[r.req_id] = n
-        so = SchedulerOutput(new_reqs, cached, sched, sum(sched.values()), self.finished, self.preempted)
+        so = SchedulerOutput(
+            new_reqs, cached, sched, sum(sched.values()), self.finished, self.preempted, spec
+        )
         self.finished, self.preempted = set(), set()
-        out = self.runner.execute_model(so)
+        self.runner.execute_model(so)
+        out = self.runner.sample_tokens(None)
         self.outputs.append(out)
         for req_id, n in sched.items():
             r = self.reqs[req_id]
-            r.num_computed += n
+            r.num_computed += n - len(spec.get(req_id, ()))
             tokens = out.sampled_token_ids[out.req_id_to_index[req_id]]
             r.history.append(tokens)
             r.outputs += tokens
