@@ -140,9 +140,11 @@ def test_huge_tokenize_does_not_stall_health(server: RemoteServer, http: httpx.C
         time.sleep(0.1)
     thread.join()
     assert isinstance(result["count"], int) and result["count"] > 100_000
-    # Probes ran while the tokenizer worked, and each answered promptly.
+    # Probes kept running while the tokenizer worked (blocked, the loop answered one probe after it all),
+    # and answered promptly; the bound on the slowest one leaves room for a loaded machine.
     assert len(latencies) >= 5, latencies
-    assert max(latencies) < 1.5, latencies
+    assert sorted(latencies)[len(latencies) // 2] < 0.5, latencies
+    assert max(latencies) < 3.0, latencies
 
 
 def test_prompt_longer_than_any_context_is_refused_before_tokenizing(http: httpx.Client) -> None:

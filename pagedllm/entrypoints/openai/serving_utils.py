@@ -67,14 +67,14 @@ def check_supported_fields(
     request: SamplingFields, max_n: int, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS
 ) -> None:
     """400 for a vLLM field pagedllm does not implement, and for ``n`` above the server's cap."""
-    for name in request.unsupported_fields(table):
-        if name == "response_format":
-            kind = request.response_format.get("type") if request.response_format else None
-            raise OpenAIError(
-                f"response_format of type {kind!r} is not supported yet (only {{'type': 'text'}})",
-                param=name,
-            )
-        raise OpenAIError(f"{name} is not supported yet", param=name)
+    unsupported = request.unsupported_fields(table)
+    if unsupported:
+        name = unsupported[0]
+        message = f"{name} is not supported yet"
+        if name == "response_format" and request.response_format is not None:
+            kind = request.response_format.get("type")
+            message = f"response_format of type {kind!r} is not supported yet (only {{'type': 'text'}})"
+        raise OpenAIError(message, param=name)
     # Each choice is a sequence in the engine: one request must not be able to fill the batch alone.
     if request.n > max_n:
         raise OpenAIError(f"n={request.n} is more than this server's --max-n-sequences={max_n}", param="n")
