@@ -15,11 +15,9 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, EngineDeadError
 from pagedllm.engine.input_processor import InputProcessor, PromptType
-from pagedllm.engine.output_processor import OutputProcessor, ParentRequest, RequestOutputCollector
+from pagedllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.metrics.loggers import LoggingStatLogger
 from pagedllm.metrics.prometheus import PrometheusStatLogger
@@ -127,21 +125,8 @@ class AsyncLLM:
         request, prompt_text = self.input_processor.process_inputs(
             request_id, prompt, params, priority=priority
         )
-        resolved = request.sampling_params
-        collector = RequestOutputCollector(resolved.output_kind)
-        if resolved.n == 1:
-            core_requests = [request]
-            self.output_processor.add_request(request, prompt_text, sink=collector)
-        else:
-            parent = ParentRequest(request_id, resolved, prompt_text, sink=collector)
-            core_requests = [
-                msgspec.structs.replace(
-                    request, request_id=child_id, sampling_params=parent.child_params(resolved, i)
-                )
-                for i, child_id in enumerate(parent.child_ids)
-            ]
-            for i, child in enumerate(core_requests):
-                self.output_processor.add_request(child, prompt_text, parent=parent, index=i)
+        collector = RequestOutputCollector(request.sampling_params.output_kind)
+        core_requests = self.output_processor.add_user_request(request, prompt_text, sink=collector)
         self._collectors[request_id] = collector
         try:
             for core_request in core_requests:

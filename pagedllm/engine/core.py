@@ -15,6 +15,7 @@ from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.executor import Executor
 from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_from_budget
@@ -83,26 +84,14 @@ class EngineCore:
         """Queue a request. A request the scheduler refuses (e.g. longer than max_model_len) does not
         raise: the refusal is reported in the next `step()`'s `EngineCoreOutputs.errors`."""
         try:
-            self._validate(request)
+            # What would otherwise fail inside the forward (and take every other request down with
+            # it); the front-end checks the same, this guards clients that talk to the core directly.
+            validate_prompt_token_ids(request.prompt_token_ids, self._vocab_size)
             self.scheduler.add_request(Request.from_engine_core_request(request, self.block_hasher))
         except Exception as e:  # the core must survive any bad request
             if not isinstance(e, ValueError):
                 logger.exception("request %s could not be added", request.request_id)
             self._admission_errors[request.request_id] = f"{type(e).__name__}: {e}"
-
-    def _validate(self, request: EngineCoreRequest) -> None:
-        """What would otherwise fail inside the forward (and take every other request down with it).
-        The front-end checks the same; this guards clients that talk to the core directly."""
-        ids = request.prompt_token_ids
-        if not ids:
-            raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        lo, hi = min(ids), max(ids)
-        if lo < 0 or hi >= self._vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"request {request.request_id!r}: prompt token id {bad} is outside the vocabulary "
-                f"[0, {self._vocab_size})"
-            )
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)

@@ -30,6 +30,21 @@ class TokensPrompt(TypedDict):
 PromptType = str | TextPrompt | TokensPrompt
 
 
+def validate_prompt_token_ids(prompt_token_ids: Sequence[int], vocab_size: int) -> None:
+    """ValueError for a prompt the forward cannot run: empty, or with token ids outside the vocabulary.
+    The front-end's check, and the engine core's for clients that talk to it directly."""
+    if not prompt_token_ids:
+        raise ValueError("The prompt is empty: it must contain at least one token")
+    if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
+        return
+    out_of_vocab = sorted({t for t in prompt_token_ids if not 0 <= t < vocab_size})
+    shown = out_of_vocab[:8]
+    raise ValueError(
+        f"prompt_token_ids contains token ids outside the vocabulary [0, {vocab_size}): {shown}"
+        + (f" and {len(out_of_vocab) - len(shown)} more" if len(out_of_vocab) > len(shown) else "")
+    )
+
+
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 
@@ -108,8 +123,8 @@ class InputProcessor:
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and build the core request; returns it with the prompt text (for the outputs)."""
         prompt_token_ids, prompt_text = self.tokenize_prompt(prompt)
+        validate_prompt_token_ids(prompt_token_ids, self.vocab_size)
         params = self.prepare_params(params, len(prompt_token_ids))
-        self._validate_prompt(prompt_token_ids)
         request = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
@@ -136,18 +151,7 @@ class InputProcessor:
         self._check_lengths(params, num_prompt_tokens)
         return params
 
-    def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
-        out_of_vocab = sorted({t for t in prompt_token_ids if not 0 <= t < self.vocab_size})
-        if out_of_vocab:
-            shown = out_of_vocab[:8]
-            raise ValueError(
-                f"prompt_token_ids contains token ids outside the vocabulary [0, {self.vocab_size}): {shown}"
-                + (f" and {len(out_of_vocab) - len(shown)} more" if len(out_of_vocab) > len(shown) else "")
-            )
-
     def _check_lengths(self, params: SamplingParams, num_prompt_tokens: int) -> None:
-        if num_prompt_tokens == 0:
-            raise ValueError("The prompt is empty: it must contain at least one token")
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
             raise ValueError(

@@ -12,10 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
-
 from pagedllm.engine.input_processor import InputProcessor, PromptType
-from pagedllm.engine.output_processor import OutputProcessor, ParentRequest
+from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -120,29 +118,12 @@ class LLMEngine:
         request, prompt_text = self.input_processor.process_inputs(
             request_id, prompt, params, arrival_time, priority
         )
-        resolved = request.sampling_params
-        if resolved.n == 1:
-            self._add_core_request(request, prompt_text, None, 0)
-            return
-        parent = ParentRequest(request_id, resolved, prompt_text, sink=None)
+        core_requests = self.output_processor.add_user_request(request, prompt_text)
         try:
-            for index, child_id in enumerate(parent.child_ids):
-                child = msgspec.structs.replace(
-                    request, request_id=child_id, sampling_params=parent.child_params(resolved, index)
-                )
-                self._add_core_request(child, prompt_text, parent, index)
+            for core_request in core_requests:
+                self.engine_core.add_request(core_request)
         except Exception:
             self.abort_request(request_id)
-            raise
-
-    def _add_core_request(
-        self, request: EngineCoreRequest, prompt: str | None, parent: ParentRequest | None, index: int
-    ) -> None:
-        self.output_processor.add_request(request, prompt, parent, index)
-        try:
-            self.engine_core.add_request(request)
-        except Exception:
-            self.output_processor.request_states.pop(request.request_id, None)
             raise
 
     def step(self) -> list[RequestOutput]:

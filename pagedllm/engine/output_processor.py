@@ -18,6 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 from pagedllm.core.runner_output import LogprobsLists
 from pagedllm.engine.detokenizer import IncrementalDetokenizer, decode_token_ids
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
@@ -252,11 +254,12 @@ class ParentRequest:
         self._child_tokens: dict[str, int] = {}
 
     def child_params(self, params: SamplingParams, index: int) -> SamplingParams:
-        """Child ``index`` samples one sequence; a seeded request gives each child its own seed."""
+        """Child ``index`` samples one sequence; a seeded request gives child i the seed ``seed + i``
+        (modulo 2**64, the generators' seed range), so its choices are reproducible run to run."""
         child = params.clone()
         child.n = 1
-        if child.seed is not None:
-            child.seed = params.seed + index
+        if params.seed is not None:
+            child.seed = (params.seed + index) % 2**64
         return child
 
     def collect(self, state: RequestState, completion: CompletionOutput | None) -> None:
@@ -363,6 +366,26 @@ class OutputProcessor:
         self.request_states[request.request_id] = RequestState(
             request, prompt, self.tokenizer, self._converter, parent, index, sink
         )
+
+    def add_user_request(
+        self, request: EngineCoreRequest, prompt: str | None, sink: OutputSink | None = None
+    ) -> list[EngineCoreRequest]:
+        """Track a user request; returns the core requests to send for it: the request itself when
+        n == 1, else one child per choice (the n > 1 fan-out of both front-ends)."""
+        params = request.sampling_params
+        if params.n == 1:
+            self.add_request(request, prompt, sink=sink)
+            return [request]
+        parent = ParentRequest(request.request_id, params, prompt, sink)
+        children = [
+            msgspec.structs.replace(
+                request, request_id=child_id, sampling_params=parent.child_params(params, i)
+            )
+            for i, child_id in enumerate(parent.child_ids)
+        ]
+        for i, child in enumerate(children):
+            self.add_request(child, prompt, parent=parent, index=i)
+        return children
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
         """Forget user requests (plain or n > 1 parents); returns the core ids to abort in the core."""

@@ -15,6 +15,7 @@ The only host syncs per step are the ones that read the sampled ids (and logprob
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import mmap
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pagedllm import envs
 from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
@@ -37,6 +39,7 @@ from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.logprobs import compute_prompt_logprobs
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
+from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.kv_cache import KVCacheSpec, cpu_kv_cache_budget, profile_cuda_kv_cache_budget
@@ -120,6 +123,8 @@ class ModelRunner:
         self.prompt_logprobs_next: dict[str, int] = {}
         self.model: nn.Module | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
+        self.batch_invariant: bool = bool(envs.PAGEDLLM_BATCH_INVARIANT)
         self.kv_caches: list[torch.Tensor] = []
 
         pin = current_platform.is_pin_memory_available() and self.device.type != "cpu"
@@ -144,7 +149,7 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
-        self._forward = self._build_forward(self.model)
+        self._forward = self.model if self.batch_invariant else self._build_forward(self.model)
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -404,13 +409,15 @@ class ModelRunner:
         if drafts:
             self._write_draft_tokens(drafts)
         inputs = self._prepare_inputs(so)
-        with set_forward_context(inputs.attn_metadata):
+        with self._numerics(), set_forward_context(inputs.attn_metadata):
             hidden = self._run_forward(inputs.input_ids, inputs.positions)
         logits = None
         cu_num_logits = self._logits_rows(inputs, drafts)
         num_rows = int(cu_num_logits[-1])
         if num_rows:
-            logits = model.compute_logits(hidden.index_select(0, self._logits_indices.to_device(num_rows)))
+            with self._numerics():
+                rows = hidden.index_select(0, self._logits_indices.to_device(num_rows))
+                logits = model.compute_logits(rows)
         self.execute_state = _ExecuteState(inputs, hidden, logits, cu_num_logits)
 
     @torch.inference_mode()
@@ -433,9 +440,10 @@ class ModelRunner:
                 sampled_token_ids[i] = [sampled[j]]
                 logprobs[i] = sampled_lps[j]
         model = self._require_model()
-        prompt_logprobs = (
-            self._prompt_logprobs(model, state.hidden, inputs) if self.prompt_logprobs_next else {}
-        )
+        prompt_logprobs: dict[str, LogprobsLists | None] = {}
+        if self.prompt_logprobs_next:
+            with self._numerics():
+                prompt_logprobs = self._prompt_logprobs(model, state.hidden, inputs)
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
@@ -443,6 +451,9 @@ class ModelRunner:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
         )
+
+    def _numerics(self) -> contextlib.AbstractContextManager[object]:
+        return BatchInvariantMode() if self.batch_invariant else contextlib.nullcontext()
 
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         """The drafter's proposals for the next step (req_id -> draft tokens); None without a

@@ -199,6 +199,9 @@ def test_child_params() -> None:
     assert [c.seed for c in children] == [10, 11, 12] and all(c.n == 1 for c in children)
     assert params.n == 3 and params.seed == 10
     assert parent.child_params(SamplingParams(n=2), 1).seed is None
+    # Seeds stay in the generators' 64-bit range at its top (the runner cannot seed 2**64).
+    top = SamplingParams(n=3, seed=2**64 - 2, temperature=0.8)
+    assert [parent.child_params(top, i).seed for i in range(3)] == [2**64 - 2, 2**64 - 1, 0]
 
 
 @pytest.mark.parametrize("kind", list(RequestOutputKind))
