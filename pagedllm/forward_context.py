@@ -6,19 +6,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedllm.attention.backend import AttentionMetadata
 
 
 @dataclass
 class ForwardContext:
-    attn_metadata: Any
+    # The step's metadata from the backend's builder; None in profiling and warm-up runs.
+    attn_metadata: AttentionMetadata | None
 
 
 _forward_context: ForwardContext | None = None
 
 
 @contextmanager
-def set_forward_context(attn_metadata: Any) -> Iterator[None]:
+def set_forward_context(attn_metadata: AttentionMetadata | None) -> Iterator[None]:
     global _forward_context
     prev = _forward_context
     _forward_context = ForwardContext(attn_metadata)

@@ -1,6 +1,13 @@
 """Attention: the backend interface, the paged PyTorch backend and the layer models use."""
 
-from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
+from pagedllm.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadata,
+    AttentionMetadataBuilder,
+    AttentionParams,
+    CommonAttentionMetadata,
+)
 from pagedllm.attention.layer import Attention, attention_layers, bind_kv_cache
 from pagedllm.attention.selector import get_attn_backend
 
@@ -9,6 +16,9 @@ __all__ = [
     "AttentionBackend",
     "AttentionImpl",
     "AttentionMetadata",
+    "AttentionMetadataBuilder",
+    "AttentionParams",
+    "CommonAttentionMetadata",
     "attention_layers",
     "bind_kv_cache",
     "get_attn_backend",

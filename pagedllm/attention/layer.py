@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
-from pagedllm.attention.backend import AttentionImpl
+from pagedllm.attention.backend import AttentionImpl, AttentionParams
 from pagedllm.attention.selector import get_attn_backend
 from pagedllm.forward_context import get_forward_context
 
+# The impl of every attention layer constructed in this process, by its parameters. The op below
+# resolves a layer's impl here. It is keyed by the parameters, not by the layer: `CompiledForward`
+# traces ONE decoder block and runs that graph for every layer, so whatever the op takes as a
+# constant is baked from the traced layer; a layer index or name would make every layer use the
+# first one's impl (guards are skipped) or, with guards, force one graph per layer (N x the compile
+# time). Layers with equal parameters compute the same thing and share an impl; layers that differ
+# (a sliding-window layer beside a global one, another soft cap) get different graph keys from
+# `CompiledForward` (it keys blocks by their impls' `params`) and resolve different impls here.
+# The per-layer state (the cache) stays a tensor argument, the per-step state (the metadata) comes
+# from the forward context.
+_IMPLS: dict[AttentionParams, AttentionImpl] = {}
 
-@functools.cache
-def _impl(
-    num_heads: int, head_size: int, scale: float, num_kv_heads: int, sliding_window: int
-) -> AttentionImpl:
-    return get_attn_backend().get_impl_cls()(
-        num_heads, head_size, scale, num_kv_heads, sliding_window or None
-    )
+
+def _register_impl(params: AttentionParams) -> AttentionImpl:
+    impl = _IMPLS.get(params)
+    if impl is None:
+        impl = _IMPLS[params] = get_attn_backend().get_impl_cls()(
+            params.num_heads,
+            params.head_size,
+            params.scale,
+            params.num_kv_heads,
+            params.sliding_window or None,
+            params.logits_soft_cap or None,
+        )
+    return impl
 
 
 def unified_attention(
@@ -32,20 +48,21 @@ def unified_attention(
     scale: float,
     num_kv_heads: int,
     sliding_window: int,
+    logits_soft_cap: float,
 ) -> torch.Tensor:
     """One layer's attention as an opaque op for torch.compile (`torch.ops.pagedllm.unified_attention`):
-    the backend's host-side planning and per-request loop stay out of the traced graph (no graph
-    break), and the metadata is read from the forward context at run time.
+    the backend's per-layer work stays out of the traced graph (no graph break), and the metadata
+    is read from the forward context at run time. The constants are the layer's `AttentionParams`
+    (window 0 and soft cap 0.0 for none), by which it finds the impl its layer registered.
 
     The layer's cache is a tensor argument, not a name: one traced decoder block serves every layer,
-    each call passing its own cache; the integer/float arguments are the same for every layer that
-    shares a graph. The op writes this step's keys and values into `kv_cache` as a side effect,
-    deliberately undeclared: declaring it would make the functionalized graph copy the whole cache,
-    and nothing else in a graph reads the cache.
+    each call passing its own cache. The op writes this step's keys and values into `kv_cache` as a
+    side effect, deliberately undeclared: declaring it would make the functionalized graph copy the
+    whole cache, and nothing else in a graph reads the cache.
 
     Registered through `torch.library.Library` rather than `torch.library.custom_op`, whose Python
     wrapper (argument and aliasing checks on every call) costs ~6 us more per layer and step."""
-    impl = _impl(num_heads, head_size, scale, num_kv_heads, sliding_window)
+    impl = _IMPLS[AttentionParams(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap)]
     return impl.forward(query, key, value, kv_cache, get_forward_context().attn_metadata)
 
 
@@ -59,6 +76,7 @@ def _unified_attention_fake(
     scale: float,
     num_kv_heads: int,
     sliding_window: int,
+    logits_soft_cap: float,
 ) -> torch.Tensor:
     return torch.empty_like(query)
 
@@ -66,7 +84,7 @@ def _unified_attention_fake(
 _LIBRARY = torch.library.Library("pagedllm", "DEF")
 _LIBRARY.define(
     "unified_attention(Tensor query, Tensor key, Tensor value, Tensor kv_cache, int num_heads, "
-    "int head_size, float scale, int num_kv_heads, int sliding_window) -> Tensor"
+    "int head_size, float scale, int num_kv_heads, int sliding_window, float logits_soft_cap) -> Tensor"
 )
 _LIBRARY.impl("unified_attention", unified_attention, "CompositeExplicitAutograd")
 torch.library.register_fake("pagedllm::unified_attention", _unified_attention_fake, lib=_LIBRARY)
@@ -87,6 +105,7 @@ class Attention(nn.Module):
         num_kv_heads: int | None = None,
         sliding_window: int | None = None,
         prefix: str = "",
+        logits_soft_cap: float | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = num_heads
@@ -94,8 +113,12 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads or num_heads
         self.layer_name = prefix
         self.backend = get_attn_backend()
-        # Shared with the compiled path's custom op, which finds the impl by these same constants.
-        self.impl = _impl(num_heads, head_size, scale, self.num_kv_heads, sliding_window or 0)
+        # Registered for the compiled path's op, which resolves it by the same parameters.
+        self.impl = _register_impl(
+            AttentionParams(
+                num_heads, head_size, scale, self.num_kv_heads, sliding_window or 0, logits_soft_cap or 0.0
+            )
+        )
         self.kv_cache = torch.empty(0)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -106,25 +129,18 @@ class Attention(nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
         if torch.compiler.is_compiling():
-            impl = self.impl
-            out = torch.ops.pagedllm.unified_attention(
-                q,
-                k,
-                v,
-                self.kv_cache,
-                impl.num_heads,
-                impl.head_size,
-                impl.scale,
-                impl.num_kv_heads,
-                impl.sliding_window or 0,
-            )
+            out = torch.ops.pagedllm.unified_attention(q, k, v, self.kv_cache, *self.impl.params)
         else:
             # Eager: call the backend directly, skipping the op dispatcher's overhead.
             out = self.impl.forward(q, k, v, self.kv_cache, get_forward_context().attn_metadata)
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}"
+        params = self.impl.params
+        return (
+            f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
+            f"sliding_window={params.sliding_window}, logits_soft_cap={params.logits_soft_cap}"
+        )
 
 
 def attention_layers(model: nn.Module) -> dict[str, Attention]:

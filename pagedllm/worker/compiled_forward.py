@@ -66,14 +66,10 @@ def compile_cache_dir(engine_config: Any) -> Path:
 
 
 def _attention_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
-    """What a traced block bakes in of its attention layers (heads, scale, sliding window)."""
+    """What a traced block bakes in of its attention layers (heads, scale, window, soft cap)."""
     from pagedllm.attention import Attention
 
-    return tuple(
-        (m.impl.num_heads, m.impl.head_size, m.impl.scale, m.impl.num_kv_heads, m.impl.sliding_window)
-        for m in block.modules()
-        if isinstance(m, Attention)
-    )
+    return tuple(m.impl.params for m in block.modules() if isinstance(m, Attention))
 
 
 def _call_capturing_bytecode(

@@ -29,7 +29,14 @@ import torch
 from torch import nn
 
 from pagedllm import envs
-from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
+from pagedllm.attention import (
+    AttentionMetadata,
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    attention_layers,
+    bind_kv_cache,
+    get_attn_backend,
+)
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
@@ -238,6 +245,10 @@ class ModelRunner:
             for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
         ]
         bind_kv_cache(model, self.kv_caches)
+        compiled = isinstance(self._forward, CompiledForward)
+        self.attn_metadata_builder: AttentionMetadataBuilder = backend.get_builder_cls()(
+            attention_layers(model).values(), self.dtype, self.device, compiled
+        )
         self.num_blocks = num_blocks
 
     @torch.inference_mode()
@@ -339,7 +350,7 @@ class ModelRunner:
         sample_idx = np.flatnonzero(seq_lens >= batch.num_tokens[rows])
         max_seq_len = int(seq_lens.max())
         max_blocks = -(-max_seq_len // self.block_size)
-        md = AttentionMetadata(
+        common = CommonAttentionMetadata(
             num_actual_tokens=total,
             num_reqs=num_reqs,
             query_start_loc=self._query_start_loc.to_device(num_reqs + 1),
@@ -351,8 +362,8 @@ class ModelRunner:
             max_seq_len=max_seq_len,
             query_start_loc_cpu=qsl.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
-            compiled_decode=isinstance(self._forward, CompiledForward),
         )
+        md = self.attn_metadata_builder.build(common)
         input_ids = self._input_ids.to_device(total)
         positions_dev = self._positions.to_device(total)
         if self._inputs_copied is not None:

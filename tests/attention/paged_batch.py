@@ -1,19 +1,38 @@
-"""Test helper: a paged KV cache plus hand-built AttentionMetadata for arbitrary mixed steps.
+"""Test helper: a paged KV cache plus hand-built step inputs for arbitrary mixed steps, turned into
+the backend's metadata by its builder over the batch's layers.
 
 Blocks are handed out from a shuffled free list, so every request's block table is non-contiguous.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from pagedllm.attention import AttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
+from pagedllm.attention import (
+    AttentionImpl,
+    AttentionMetadata,
+    CommonAttentionMetadata,
+    attention_layers,
+    bind_kv_cache,
+    get_attn_backend,
+)
+from pagedllm.attention.backend import AttentionLayer
 from pagedllm.forward_context import set_forward_context
 
 
+@dataclass
+class BoundImpl:
+    """An impl and its cache, as a builder reads a layer."""
+
+    impl: AttentionImpl
+    kv_cache: torch.Tensor
+
+
 class PagedBatch:
-    # Metadata flag for the backend's compiled kernels (the runner sets it at O1 and up).
+    # Builder flag for the backend's compiled kernels (the runner sets it at O1 and up).
     compiled_decode = False
 
     def __init__(
@@ -27,6 +46,9 @@ class PagedBatch:
         seed: int = 0,
     ) -> None:
         self.block_size = block_size
+        self.dtype = dtype
+        # The layers the metadata is built for (`for_model`, `for_impls`).
+        self.layers: list[AttentionLayer] = []
         # NaN-filled: a read of a slot that was never written poisons the output.
         self.kv_caches = [
             torch.full(
@@ -47,6 +69,14 @@ class PagedBatch:
         first = layers[0]
         batch = cls(len(layers), first.num_kv_heads, first.head_size, **kwargs)  # type: ignore[arg-type]
         bind_kv_cache(model, batch.kv_caches)
+        batch.layers = layers  # type: ignore[assignment]
+        return batch
+
+    @classmethod
+    def for_impls(cls, impls: list[AttentionImpl], **kwargs: int | torch.dtype) -> PagedBatch:
+        """One cache per impl (all of the first impl's kv head layout)."""
+        batch = cls(len(impls), impls[0].num_kv_heads, impls[0].head_size, **kwargs)  # type: ignore[arg-type]
+        batch.layers = [BoundImpl(impl, cache) for impl, cache in zip(impls, batch.kv_caches)]
         return batch
 
     def metadata(self, chunks: list[tuple[str, int]]) -> tuple[torch.Tensor, AttentionMetadata]:
@@ -69,7 +99,7 @@ class PagedBatch:
         tables = torch.zeros(len(chunks), width, dtype=torch.int32)
         for i, (req, _) in enumerate(chunks):
             tables[i, : len(self.blocks[req])] = torch.tensor(self.blocks[req], dtype=torch.int32)
-        md = AttentionMetadata(
+        common = CommonAttentionMetadata(
             num_actual_tokens=len(positions),
             num_reqs=len(chunks),
             query_start_loc=torch.tensor(qsl, dtype=torch.int32),
@@ -81,9 +111,11 @@ class PagedBatch:
             max_seq_len=max(seq_lens),
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
-            compiled_decode=self.compiled_decode,
         )
-        return torch.tensor(positions, dtype=torch.int64), md
+        builder = get_attn_backend().get_builder_cls()(
+            self.layers, self.dtype, torch.device("cpu"), self.compiled_decode
+        )
+        return torch.tensor(positions, dtype=torch.int64), builder.build(common)
 
     def run(self, model: nn.Module, chunks: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
         """One forward over the given new tokens; returns each request's logits for its new tokens."""

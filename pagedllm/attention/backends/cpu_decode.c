@@ -1,5 +1,6 @@
-/* Paged decode attention for CPUs: one query token per request attends to its keys straight from the
- * paged cache, with no gathered copy of the keys or values.
+/* Paged decode attention for CPUs: each decode row (one query token) attends to its keys straight from
+ * the paged cache, with no gathered copy of the keys or values. A request verifying draft tokens has
+ * one row per new token, each with its own length (its position + 1) over the request's block table.
  *
  * Built at run time by cpu_decode.py with the system C compiler (the one torch.compile's Inductor
  * uses on CPU) and loaded with ctypes. It links the OpenMP runtime torch has already loaded, so it
@@ -10,8 +11,8 @@
  *   k, v     [num_blocks, num_kv_heads, block_size, head_size]
  *   tables   int32 [*, table_stride]: cache block ids of each request
  *   out      [rows, num_heads, head_size], row stride out_stride
- * Decode request i reads query row q_rows[i], block-table row table_rows[i], seq_lens[i] keys, and
- * writes output row q_rows[i].
+ * Decode row i reads query row q_rows[i], block-table row table_rows[i], seq_lens[i] keys (the last
+ * `window` of them, if window > 0; scores soft-capped if soft_cap > 0), and writes output row q_rows[i].
  *
  * Work item = (request, kv head, part of its blocks): each key and value is read from memory once and
  * serves every query head of the group. Softmax is online per segment of up to 256 keys (flash
@@ -112,6 +113,7 @@ typedef struct {
     const int64_t *q_rows, *table_rows, *seq_lens;
     int64_t q_stride, out_stride, table_stride, num_kv_heads, group, block_size, window;
     float scale;
+    float soft_cap; /* 0: none */
 } DecodeArgs;
 
 INLINE void store_row(char *out, int64_t d, float x, int bf16) {
@@ -193,6 +195,15 @@ INLINE vec exp_nonpositive_vec(vec x) {
     p = p * f + 1.0f;
     p = p * f + 1.0f;
     return p * (vec)((n + 127) << 23);
+}
+
+/* Gemma-2's logit soft cap, cap * tanh(s / cap), on 16 scores. tanh(|y|) = (1 - t) / (1 + t) with
+ * t = e^(-2|y|) <= 1, so exp_nonpositive_vec serves; the absolute error stays ~cap * 1e-7. */
+INLINE vec soft_cap_vec(vec s, float cap) {
+    const vec y = s * (1.0f / cap);
+    const vec t = exp_nonpositive_vec(select_vec(y < 0.0f, y, -y) * 2.0f);
+    const vec th = (1.0f - t) / (1.0f + t);
+    return select_vec(y < 0.0f, -th, th) * cap;
 }
 
 #define L2_AHEAD 16
@@ -277,7 +288,9 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
             }
             const int_vec valid = lane < (int32_t)n;
             for (int64_t g = 0; g < group; g++) {
-                scores[g][ch] = select_vec(valid, reduce_lanes16(dots[g], 0), (vec){0} - FLT_MAX);
+                vec s = reduce_lanes16(dots[g], 0);
+                if (a->soft_cap > 0.0f) s = soft_cap_vec(s, a->soft_cap);
+                scores[g][ch] = select_vec(valid, s, (vec){0} - FLT_MAX);
                 seg_max[g] = combine(seg_max[g], scores[g][ch], 1);
             }
         }
@@ -470,6 +483,7 @@ typedef struct {
     int64_t v_offset; /* elements from the key half of a layer's cache to its value half */
     float scale;
     int64_t window;
+    float soft_cap; /* logits soft cap (Gemma-2), 0: none */
 } LayerArgs;
 
 /* One layer's decode attention: stores the step's new keys and values (if num_slots), then attends
@@ -484,7 +498,7 @@ static int attend_layer(const void *q, int64_t q_stride, const void *key, int64_
                  l->block_size, l->head_size, elem);
     const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows, s->seq_lens,
                           q_stride, out_stride, s->table_stride, l->num_kv_heads, l->num_heads / l->num_kv_heads,
-                          l->block_size, l->window, l->scale};
+                          l->block_size, l->window, l->scale, l->soft_cap};
     return paged_decode(&a, s->num_reqs, l->head_size, bf16);
 }
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from pagedllm import envs
 from pagedllm.config.utils import cache_root
 from pagedllm.platforms.cpu import CpuPlatform
 
@@ -73,6 +74,7 @@ class LayerArgs(ctypes.Structure):
         ("v_offset", ctypes.c_int64),
         ("scale", ctypes.c_float),
         ("window", ctypes.c_int64),
+        ("soft_cap", ctypes.c_float),
     ]
 
 
@@ -121,7 +123,7 @@ PREFILL_TILE = 48
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+    for name in (envs.CC, "cc", "gcc", "clang"):
         if name and shutil.which(name):
             return name
     return None
@@ -193,23 +195,17 @@ def kernel() -> ctypes.CDLL | None:
     return lib
 
 
-def supports(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    kv_cache: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-) -> bool:
-    """Whether `write_kv` and `paged_decode` can serve this layer: CPU tensors of one supported
-    dtype, heads contiguous within each token row."""
-    _, _, _, block_size, head_size = kv_cache.shape
+def supports(dtype: torch.dtype, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int) -> bool:
+    """Whether the kernels can serve a layer of this head layout whose activations are `dtype` and
+    whose cache is `kv_cache`: a contiguous CPU cache of the activations' dtype, one the kernels
+    take. (Query, key and value rows must hold their heads contiguously: the attention layer's views
+    of the fused projection do.)"""
+    _, _, _, _, head_size = kv_cache.shape
     return (
-        query.device.type == "cpu"
-        and query.dtype == key.dtype == value.dtype == kv_cache.dtype
-        and query.dtype in _SUFFIXES
+        kv_cache.device.type == "cpu"
+        and kv_cache.dtype == dtype
+        and dtype in _SUFFIXES
         and kv_cache.is_contiguous()
-        and all(t.stride(2) == 1 and t.stride(1) == head_size for t in (query, key, value))
         and num_heads // num_kv_heads <= MAX_GROUP
         and head_size <= MAX_HEAD
         and head_size % LANES == 0
@@ -218,10 +214,12 @@ def supports(
 
 
 class DecodeStep:
-    """A step's decode requests as the kernel takes them, converted once for every layer: the step's
-    block tables (int32, contiguous rows) and, per decode request, its query row, block-table row and
-    length (int64). With `slots` (int64: the cache slot of each of the step's new tokens) each layer's
-    call also stores the new keys and values first; leave it None when they were stored already."""
+    """A step's decode rows as the kernel takes them, converted once for every layer: the step's
+    block tables (int32, contiguous rows) and, per decode row, its query row, block-table row and
+    length (int64). A request with several new tokens (draft verification) has one row per token,
+    each as long as its position + 1, sharing the request's block-table row. With `slots` (int64: the
+    cache slot of each of the step's new tokens) each layer's call also stores the new keys and values
+    first; leave it None when they were stored already."""
 
     def __init__(
         self,
@@ -254,13 +252,17 @@ class DecodeStep:
 
 
 class DecodeLayout:
-    """A head layout's constants as the kernel takes them, and the kernel of its cache's dtype; the
-    same for every layer with that layout and cache shape (check `supports` first)."""
+    """A head layout's constants as the kernel takes them (with the sliding window and the logits
+    soft cap, 0 for none), and the kernel of its cache's dtype; the same for every layer with that
+    layout and cache shape (check `supports` first)."""
 
-    def __init__(self, num_heads: int, kv_cache: torch.Tensor, scale: float, window: int) -> None:
+    def __init__(
+        self, num_heads: int, kv_cache: torch.Tensor, scale: float, window: int, soft_cap: float = 0.0
+    ) -> None:
         _, _, num_kv_heads, block_size, head_size = kv_cache.shape
+        self.dtype = kv_cache.dtype
         self.args = LayerArgs(
-            num_heads, num_kv_heads, head_size, block_size, kv_cache.stride(0), scale, window
+            num_heads, num_kv_heads, head_size, block_size, kv_cache.stride(0), scale, window, soft_cap
         )
         self.pointer = ctypes.pointer(self.args)
         lib = kernel()
@@ -288,7 +290,7 @@ def decode_layer(
 ) -> None:
     """One layer's decode attention: stores the step's new `key`/`value` rows at its slots (if the
     step has them), then writes `out[q_rows[i]]`, the attention of `query[q_rows[i]]` [heads,
-    head_size] over the first `seq_lens[i]` keys (the last `window`, if > 0) of decode request i."""
+    head_size] over the first `seq_lens[i]` keys (the last `window`, if > 0) of decode row i."""
     status = layout.fn(
         query.data_ptr(),
         query.stride(0),

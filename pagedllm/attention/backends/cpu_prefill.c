@@ -16,7 +16,8 @@
  * Layouts: q [tokens, num_heads, head] with row stride q_stride; out the same with out_stride; the
  * cache [2, num_blocks, num_kv_heads, block_size, head]; segment i (segs[4 i ..]) is the query rows
  * [start, start + len) at positions num_computed.., attending to keys 0..num_computed + len - 1 of
- * block-table row table_row (the last `window` ones, if window > 0).
+ * block-table row table_row (the last `window` ones, if window > 0), scores soft-capped if
+ * soft_cap > 0.
  */
 #include "cpu_decode.c"
 
@@ -69,7 +70,7 @@ typedef struct {
     const int32_t *tables;
     const int64_t *segs;
     int64_t q_stride, out_stride, table_stride, num_kv_heads, group, block_size, window;
-    float scale;
+    float scale, soft_cap;
 } PrefillArgs;
 
 /* Query rows [row0, row1) of segment `seg` for kv head h. `nc`: head size in 16-lane chunks, a
@@ -135,7 +136,9 @@ INLINE void prefill_task(const PrefillArgs *a, int64_t seg, int64_t h, int64_t r
                 memcpy(&scores[r], &s[r], sizeof(vec));
                 valid[r] = exists & (key <= pos[m0 + r]);
                 if (a->window > 0) valid[r] &= key > pos[m0 + r] - (int32_t)a->window;
-                scores[r] = select_vec(valid[r], scores[r] * a->scale, (vec){0} - FLT_MAX);
+                scores[r] *= a->scale;
+                if (a->soft_cap > 0.0f) scores[r] = soft_cap_vec(scores[r], a->soft_cap);
+                scores[r] = select_vec(valid[r], scores[r], (vec){0} - FLT_MAX);
             }
             vec old_max, old_sum;
             memcpy(&old_max, run_max + m0, sizeof(vec));
@@ -189,7 +192,7 @@ int prefill_layer_bf16(const void *q, int64_t q_stride, void *cache, void *out, 
     if (D % 32 || D > MAX_HEAD || group > TILE_M || l->block_size % LANES) return -1;
     const PrefillArgs a = {q, cache, (const uint16_t *)cache + l->v_offset, out, tables, segs, q_stride,
                            out_stride, table_stride, l->num_kv_heads, group, l->block_size, l->window,
-                           l->scale};
+                           l->scale, l->soft_cap};
     const int64_t rows_per_tile = TILE_M / group;
     int64_t items = 0;
     for (int64_t s = 0; s < num_segs; s++) items += l->num_kv_heads * ((segs[4 * s + 1] + rows_per_tile - 1) / rows_per_tile);

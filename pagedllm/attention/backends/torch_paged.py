@@ -1,208 +1,68 @@
 """Paged attention in plain PyTorch: the CPU backend and the portable fallback on CUDA.
 
-One forward serves a flattened batch that mixes decodes, whole prompts and prompt chunks whose
-earlier tokens are already cached. No request is padded to the longest one; the work is linear in
-the keys each query attends to. The paths, chosen per request from host-side lengths:
+One forward serves a flattened batch that mixes decodes, draft verification, whole prompts and
+prompt chunks whose earlier tokens are already cached. No request is padded to the longest one; the
+work is linear in the keys each query attends to. The builder (`torch_paged_metadata`) splits the
+step into decode rows (every token of a request with at most `MAX_DECODE_QUERY_LEN` new tokens, each
+with its own length) and prompt segments, and plans both once per step. The paths:
 
-* Decode rows (query length 1) on CPU, in float32 or bfloat16: the native kernel of `cpu_decode`,
-  which reads each request's blocks where they lie (no gathered copy), one call for all requests.
-* Decode rows elsewhere (CUDA, float16, no C compiler), all requests at once: "block-wise flash
-  decoding". Every (request, cache block) pair becomes one batch entry: the blocks are gathered from
-  the paged cache with one `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x
-  [B, kv_heads, head, block_size]`, and the softmax is done across each request's blocks with segment
-  reductions (`scatter_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each request's
-  last block (< block_size keys), so the cost is linear in the tokens attended to, with a fixed
-  number of kernel launches per layer and no Python work per request or per token.
-* Prefill segments (query length > 1) on CPU in bfloat16 (AVX512-BF16): the native prompt kernel
-  of `cpu_decode`, one call for all segments, reading keys from the paged cache (stored first).
+* Decode rows on CPU, in float32 or bfloat16: the native kernel of `cpu_decode`, which reads each
+  request's blocks where they lie (no gathered copy), one call for all rows.
+* Decode rows elsewhere (CUDA, float16, no C compiler), all at once: "block-wise flash decoding".
+  Every (row, cache block) pair becomes one batch entry: the blocks are gathered from the paged cache
+  with one `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x [B, kv_heads,
+  head, block_size]`, and the softmax is done across each row's blocks with segment reductions
+  (`scatter_reduce_` amax, `index_add_` sums). The only waste is the masked tail of each row's last
+  block (< block_size keys), so the cost is linear in the tokens attended to, with a fixed number of
+  kernel launches per layer and no Python work per request or per token.
+* Prefill segments on CPU in bfloat16 (AVX512-BF16): the native prompt kernel of `cpu_decode`, one
+  call for all segments, reading keys from the paged cache (stored first).
 * Prefill segments elsewhere: one `scaled_dot_product_attention` per request, which runs torch's
-  fused CPU flash-attention kernel. A fresh prompt attends to its own new keys directly
-  (`is_causal`, no cache read); a chunk with a cached prefix gathers its blocks and uses a causal mask
-  offset by the number of cached tokens. A per-request loop is cheap here: each iteration is a large
-  kernel, and a step holds few prefill segments.
+  fused CPU flash-attention kernel (explicit scores where a soft cap must be applied to them). A fresh
+  prompt attends to its own new keys directly (`is_causal`, no cache read); a chunk with a cached
+  prefix gathers its blocks and uses a causal mask offset by the number of cached tokens. A
+  per-request loop is cheap here: each iteration is a large kernel, and a step holds few prefill
+  segments.
 
-The index tensors both paths need are computed once per step (on the first layer) and kept in
-`AttentionMetadata.backend_cache`. The host-side plan (numpy on the Python lists of lengths) and the
-prefill loop cannot be traced; under torch.compile the layer calls this backend through the opaque
-`pagedllm::unified_attention` op, so the rest of the model compiles as one graph. The same host work
-keeps this backend out of CUDA graph capture: a fused GPU kernel backend is the way there.
+Every path applies the layer's sliding window and logits soft cap. The host-side planning (numpy on
+the Python lists of lengths) and the prefill loop cannot be traced; under torch.compile the layer
+calls this backend through the opaque `pagedllm::unified_attention` op, so the rest of the model
+compiles as one graph. The same host work keeps this backend out of CUDA graph capture: a fused GPU
+kernel backend is the way there.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
 from pagedllm.attention.backends import cpu_decode
+from pagedllm.attention.backends.torch_paged_metadata import (
+    BlockwiseDecodePlan,
+    DenseDecodePlan,
+    NativeDecodePlan,
+    TorchPagedMetadata,
+    TorchPagedMetadataBuilder,
+    native_layout_for,
+)
 
-
-@dataclass
-class _DecodePlan:
-    # Query row of each decode request, or None when they are exactly rows 0..n-1.
-    rows: torch.Tensor | None
-    num_reqs: int
-    # Per (request, block) entry: the decode request it belongs to, and the cache block id.
-    req_of_block: torch.Tensor
-    block_ids: torch.Tensor
-    # [B, block_size]: which keys of the block the request may attend to.
-    valid: torch.Tensor
-    # Entries with masked keys (last blocks, sliding-window starts) and their masks: those value
-    # rows are zeroed, since a never-written slot may hold NaN and 0 * NaN would poison the sum.
-    tail: torch.Tensor
-    tail_valid: torch.Tensor
-    # True when every request has exactly one block: a plain softmax, no segment reductions.
-    single_block: bool
-
-
-@dataclass
-class _DenseDecodePlan:
-    """A few decode requests for the compiled kernel: query rows, their block-table rows (padded with
-    block 0, masked out by `seq_lens`) and their lengths."""
-
-    rows: torch.Tensor | None
-    num_reqs: int
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-
-
-@dataclass
-class _NativeDecodePlan:
-    """Decode requests for the native CPU kernel. In a step without prompts each layer's kernel
-    call also stores the step's keys (`step` carries the slots); otherwise they are stored first."""
-
-    step: cpu_decode.DecodeStep
-
-
-@dataclass
-class _PrefillSegment:
-    req: int
-    start: int
-    end: int
-    num_computed: int
-    seq_len: int
-
-
-@dataclass
-class _Plan:
-    decode: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan | None
-    prefills: list[_PrefillSegment]
-    # The prompt segments for the native prompt kernel (native path only; layers whose layout it
-    # does not serve loop over `prefills`).
-    native_prefill: cpu_decode.PrefillStep | None
-    # Cache block and offset of each new token (from slot_mapping), for the tensor-op write; None on
-    # the native path, whose kernels take the slots themselves.
-    slot_block: torch.Tensor | None
-    slot_offset: torch.Tensor | None
-
-
-def _build_plan(
-    md: AttentionMetadata, block_size: int, window: int | None, device: torch.device, native: bool
-) -> _Plan:
-    qsl = np.asarray(
-        md.query_start_loc_cpu if md.query_start_loc_cpu is not None else md.query_start_loc.tolist(),
-        dtype=np.int64,
-    )
-    seq = np.asarray(md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist(), dtype=np.int64)
-    qsl, seq = qsl[: md.num_reqs + 1], seq[: md.num_reqs]
-    q_lens = np.diff(qsl)
-    dec = np.flatnonzero(q_lens == 1)
-    prefills = [
-        _PrefillSegment(int(i), int(qsl[i]), int(qsl[i + 1]), int(seq[i] - q_lens[i]), int(seq[i]))
-        for i in np.flatnonzero(q_lens > 1)
-    ]
-    slots = md.slot_mapping[: md.num_actual_tokens]
-    slot_block, slot_offset = (None, None) if native else (slots // block_size, slots % block_size)
-    native_prefill = None
-    if native and prefills:
-        segments = [[s.start, s.end - s.start, s.num_computed, s.req] for s in prefills]
-        native_prefill = cpu_decode.PrefillStep(md.block_tables, torch.tensor(segments, dtype=torch.int64))
-    if dec.size == 0:
-        return _Plan(None, prefills, native_prefill, slot_block, slot_offset)
-    dseq = seq[dec]
-    if native:
-        step = cpu_decode.DecodeStep(
-            md.block_tables,
-            torch.from_numpy(qsl[dec]),
-            torch.from_numpy(dec),
-            torch.from_numpy(dseq),
-            None if prefills else slots,
-        )
-        return _Plan(_NativeDecodePlan(step), prefills, native_prefill, slot_block, slot_offset)
-    contiguous = bool(np.array_equal(qsl[dec], np.arange(dec.size)))
-    rows = None if contiguous else torch.from_numpy(qsl[dec]).to(device)
-    if md.compiled_decode and dec.size <= DENSE_DECODE_MAX_REQS:
-        dec_t = torch.from_numpy(dec).to(device)
-        max_blocks = int((dseq.max() + block_size - 1) // block_size)
-        tables = md.block_tables.index_select(0, dec_t)[:, :max_blocks].long()
-        dense = _DenseDecodePlan(rows, int(dec.size), tables, torch.from_numpy(dseq).to(device))
-        return _Plan(dense, prefills, native_prefill, slot_block, slot_offset)
-    # Blocks wholly outside the sliding window are skipped, not just masked.
-    first = np.maximum(dseq - window, 0) // block_size if window is not None else np.zeros_like(dseq)
-    nblk = (dseq - 1) // block_size - first + 1
-    total = int(nblk.sum())
-    req_of_block_np = np.repeat(np.arange(dec.size), nblk)
-    blk_in_req_np = np.arange(total) - np.repeat(np.cumsum(nblk) - nblk, nblk) + first[req_of_block_np]
-
-    pos = blk_in_req_np[:, None] * block_size + np.arange(block_size)
-    seq_of_block = dseq[req_of_block_np][:, None]
-    valid_np = pos < seq_of_block
-    if window is not None:
-        valid_np &= pos >= seq_of_block - window
-    tail_np = np.flatnonzero(~valid_np.all(axis=1))
-
-    req_of_block = torch.from_numpy(req_of_block_np).to(device)
-    dec_t = torch.from_numpy(dec).to(device)
-    blk_in_req = torch.from_numpy(blk_in_req_np).to(device)
-    block_ids = md.block_tables[dec_t.index_select(0, req_of_block), blk_in_req].long()
-    valid = torch.from_numpy(valid_np).to(device)
-    tail = torch.from_numpy(tail_np).to(device)
-    decode = _DecodePlan(
-        rows,
-        int(dec.size),
-        req_of_block,
-        block_ids,
-        valid,
-        tail,
-        valid.index_select(0, tail),
-        bool((nblk == 1).all()),
-    )
-    return _Plan(decode, prefills, native_prefill, slot_block, slot_offset)
-
-
-# Decode steps of at most this many requests run the compiled dense kernel when it is enabled: it
-# needs no per-block bookkeeping ops, which dominate when there are few requests (one request's decode
-# over 512 keys: 0.08 ms per layer against 0.35 ms for the block-wise path on 2 Zen 4 cores); with many
-# requests its padding to the longest table costs more than it saves.
-DENSE_DECODE_MAX_REQS = 8
-
-
-def _step_plan(
-    md: AttentionMetadata, block_size: int, window: int | None, device: torch.device, native: bool
-) -> _Plan:
-    """The step's plan for layers of this block size and window, built by the first that asks."""
-    key = ("torch_paged", block_size, window, native)
-    plan = md.backend_cache.get(key)
-    if plan is None:
-        plan = md.backend_cache[key] = _build_plan(md, block_size, window, device, native)
-    return plan
+# Query rows of a soft-capped prompt per explicit score matrix: bounds it to ~64 MiB of float32.
+_SCORE_ELEMENTS = 1 << 24
 
 
 def native_decode_step(
-    md: AttentionMetadata, block_size: int, window: int | None
+    md: AttentionMetadata, block_size: int | None = None, window: int | None = None
 ) -> cpu_decode.DecodeStep | None:
-    """The native kernel's arguments for a CPU step of decodes only (each layer's call also stores
-    the step's keys), shared with the attention layers' plan; None for a step with prompts."""
-    plan = _step_plan(md, block_size, window, torch.device("cpu"), native=True)
-    if plan.prefills or not isinstance(plan.decode, _NativeDecodePlan):
-        return None
-    return plan.decode.step
+    """The native kernel's arguments for a CPU step of decode rows only (each layer's call also
+    stores the step's keys), built by the builder; None for a step with prompts or without a native
+    plan. The step is the same for every block size and window (the layer's layout carries them):
+    `block_size` and `window` are accepted for callers that name the layer they run."""
+    return md.native_decode if isinstance(md, TorchPagedMetadata) else None
 
 
 def dense_decode(
@@ -213,14 +73,18 @@ def dense_decode(
     seq_lens: torch.Tensor,
     scale: float,
     window: int,
+    soft_cap: float,
 ) -> torch.Tensor:
-    """Decode attention of `q` [R, Hkv, G, D] over each request's blocks (`block_tables` [R, MB] into
+    """Decode attention of `q` [R, Hkv, G, D] over each row's blocks (`block_tables` [R, MB] into
     head-major caches [NB, Hkv, bs, D]) written as plain tensor ops, for Inductor to fuse the block
-    gathers into its loads: no gathered copy of the keys or values is ever materialized."""
+    gathers into its loads: no gathered copy of the keys or values is ever materialized. `window`
+    and `soft_cap` are 0 for none."""
     num_blocks = block_tables.shape[1]
     block_size = k_cache.shape[2]
     k = k_cache[block_tables].float()  # [R, MB, Hkv, bs, D]
     scores = (q.float()[:, None, :, :, None, :] * k[:, :, :, None, :, :]).sum(-1) * scale  # [R,MB,Hkv,G,bs]
+    if soft_cap > 0:
+        scores = torch.tanh(scores / soft_cap) * soft_cap
     pos = torch.arange(num_blocks * block_size, device=q.device).view(num_blocks, block_size)
     valid = pos[None] < seq_lens[:, None, None]
     if window > 0:
@@ -276,35 +140,36 @@ class TorchPagedAttentionImpl(AttentionImpl):
         if attn_metadata is None:
             return self._prefill(query, key.transpose(0, 1), value.transpose(0, 1), 0).transpose(0, 1)
         md = attn_metadata
+        entry = md.layer_plans.get(self) if isinstance(md, TorchPagedMetadata) else None
+        if entry is None:
+            raise RuntimeError(
+                "the step's attention metadata was not built for this layer: build it with "
+                "TorchPagedMetadataBuilder over the model's attention layers (after bind_kv_cache)"
+            )
+        layout, plan = entry
         n = md.num_actual_tokens
-        if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-            raise RuntimeError("attention KV cache is not bound (call pagedllm.attention.bind_kv_cache)")
-        block_size = kv_cache.shape[3]
-        # Whether the native kernel serves this layer, and its head layout for the kernel: once per
-        # step for all the layers of this impl (the same graph's tensors, caches allocated alike).
-        layout = md.backend_cache.get(self)
-        if layout is None:
-            layout = self.native_layout(query, key, value, kv_cache)
-            md.backend_cache[self] = layout
-        native = layout is not False
-        plan = _step_plan(md, block_size, self.sliding_window, query.device, native)
         out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
 
-        # Write first, so the decode path and cached-prefix chunks read this step's keys too (in a step
-        # of decodes only the native kernel's call stores them itself).
-        if native:
-            if not (isinstance(plan.decode, _NativeDecodePlan) and plan.decode.step.stores_kv):
+        # Write first, so decode rows and cached-prefix chunks read this step's keys too (in a step
+        # of decode rows only the native kernel's call stores them itself).
+        prefills = plan.prefills
+        if layout is not None:
+            if query.dtype != layout.dtype:
+                raise TypeError(
+                    f"{query.dtype} activations over a {layout.dtype} cache reached the native kernel"
+                )
+            if not (isinstance(plan.decode, NativeDecodePlan) and plan.decode.step.stores_kv):
                 cpu_decode.write_kv(key[:n], value[:n], kv_cache, md.slot_mapping[:n])
+            if layout.prefill_fn and plan.native_prefill:
+                cpu_decode.prefill_layer(query, kv_cache, out, plan.native_prefill, layout)
+                prefills = []
         else:
             assert plan.slot_block is not None and plan.slot_offset is not None
             # `[num_blocks, block_size, kv_heads, head]` views of the head-major blocks.
             kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
             kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
 
-        prefills = plan.prefills
-        if isinstance(layout, cpu_decode.DecodeLayout) and layout.prefill_fn and plan.native_prefill:
-            cpu_decode.prefill_layer(query, kv_cache, out, plan.native_prefill, layout)
-            prefills = []
+        block_size = kv_cache.shape[3]
         for seg in prefills:
             q = query[seg.start : seg.end]
             if seg.num_computed == 0:
@@ -321,10 +186,14 @@ class TorchPagedAttentionImpl(AttentionImpl):
     def native_layout(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor
     ) -> cpu_decode.DecodeLayout | bool:
-        """The kernel's view of this layer, or False where the native kernel cannot serve it."""
-        if not cpu_decode.supports(query, key, value, kv_cache, self.num_heads, self.num_kv_heads):
-            return False
-        return cpu_decode.DecodeLayout(self.num_heads, kv_cache, self.scale, self.sliding_window or 0)
+        """The kernel's view of this layer for these tensors, or False where the native kernel
+        cannot serve it."""
+        rows_ok = all(
+            t.dtype == query.dtype and t.stride(-1) == 1 and t.stride(-2) == self.head_size
+            for t in (query, key, value)
+        )
+        layout = native_layout_for(self, kv_cache, query.dtype) if rows_ok else None
+        return layout if layout is not None else False
 
     @staticmethod
     def _gather_sequence(cache: torch.Tensor, blocks: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -337,12 +206,15 @@ class TorchPagedAttentionImpl(AttentionImpl):
         (positions 0..S-1); returns [H, L, D]."""
         q_len, k_len = q.shape[0], k.shape[1]
         mask = None
-        if num_computed > 0 or self.sliding_window is not None:
+        if num_computed > 0 or self.sliding_window is not None or self.logits_soft_cap is not None:
             q_pos = torch.arange(num_computed, num_computed + q_len, device=q.device).unsqueeze(1)
             k_pos = torch.arange(k_len, device=q.device).unsqueeze(0)
             mask = k_pos <= q_pos
             if self.sliding_window is not None:
                 mask &= k_pos > q_pos - self.sliding_window
+        if self.logits_soft_cap is not None:
+            assert mask is not None
+            return self._soft_capped_prefill(q.transpose(0, 1), k.to(q.dtype), v.to(q.dtype), mask)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0),
             k.unsqueeze(0).to(q.dtype),
@@ -354,53 +226,73 @@ class TorchPagedAttentionImpl(AttentionImpl):
         )
         return out.squeeze(0)
 
+    def _soft_capped_prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`_prefill` with the soft cap applied to the scores, which SDPA cannot do: explicit float32
+        scores, a bounded number of query rows at a time. q [H, L, D], k/v [Hkv, S, D] -> [H, L, D]."""
+        assert self.logits_soft_cap is not None
+        cap, group = self.logits_soft_cap, self.num_heads // self.num_kv_heads
+        kf = k.float().repeat_interleave(group, 0)  # [H, S, D]
+        vf = v.float().repeat_interleave(group, 0)
+        out = torch.empty_like(q)
+        step = max(1, _SCORE_ELEMENTS // (q.shape[0] * k.shape[1]))
+        for a in range(0, q.shape[1], step):
+            scores = torch.matmul(q[:, a : a + step].float(), kf.transpose(1, 2)) * self.scale
+            scores = (torch.tanh(scores / cap) * cap).masked_fill_(~mask[a : a + step], float("-inf"))
+            out[:, a : a + step] = torch.matmul(torch.softmax(scores, dim=-1), vf).to(q.dtype)
+        return out
+
     def _decode(
         self,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
         kv_cache: torch.Tensor,
-        p: _DecodePlan | _DenseDecodePlan | _NativeDecodePlan,
-        layout: cpu_decode.DecodeLayout | bool,
+        p: BlockwiseDecodePlan | DenseDecodePlan | NativeDecodePlan,
+        layout: cpu_decode.DecodeLayout | None,
         out: torch.Tensor,
     ) -> None:
-        if isinstance(p, _NativeDecodePlan):
-            assert isinstance(layout, cpu_decode.DecodeLayout)
+        if isinstance(p, NativeDecodePlan):
+            assert layout is not None
             cpu_decode.decode_layer(query, key, value, kv_cache, out, p.step, layout)
             return
         group = self.num_heads // self.num_kv_heads
-        q = query[: p.num_reqs] if p.rows is None else query.index_select(0, p.rows)
-        if isinstance(p, _DenseDecodePlan):
-            q = q.reshape(p.num_reqs, self.num_kv_heads, group, self.head_size)
+        q = query[: p.num_rows] if p.rows is None else query.index_select(0, p.rows)
+        if isinstance(p, DenseDecodePlan):
+            q = q.reshape(p.num_rows, self.num_kv_heads, group, self.head_size)
+            window, cap = self.params.sliding_window, self.params.logits_soft_cap
             o = _run_compiled_dense(
-                q, kv_cache[0], kv_cache[1], p.block_tables, p.seq_lens, self.scale, self.sliding_window or 0
+                q, kv_cache[0], kv_cache[1], p.block_tables, p.seq_lens, self.scale, window, cap
             )
-            self._store_decode(o.reshape(p.num_reqs, self.num_heads, self.head_size), p.rows, out)
+            self._store_decode(o.reshape(p.num_rows, self.num_heads, self.head_size), p.rows, out)
             return
-        q = (q * self.scale).view(p.num_reqs, self.num_kv_heads, group, self.head_size)
-        qb = _gather_rows(q.contiguous(), p.req_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
+        q = (q * self.scale).view(p.num_rows, self.num_kv_heads, group, self.head_size)
+        qb = _gather_rows(q.contiguous(), p.row_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
         # Head-major blocks: both products below are plain batched GEMMs on the gathered blocks
         # (the key transpose is a BLAS flag), with no layout copies.
         kb = _gather_rows(kv_cache[0], p.block_ids)  # [B, Hkv, bs, D]
         vb = _gather_rows(kv_cache[1], p.block_ids)
         vb.index_copy_(0, p.tail, _gather_rows(vb, p.tail).masked_fill_(~p.tail_valid[:, None, :, None], 0))
         scores = torch.matmul(qb, kb.transpose(-1, -2)).float()  # [B, Hkv, G, bs]
+        if self.logits_soft_cap is not None:
+            scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
         scores.masked_fill_(~p.valid[:, None, None, :], float("-inf"))
         if p.single_block:
             probs = torch.softmax(scores, dim=-1)
             o = torch.matmul(probs.to(vb.dtype), vb)
         else:
             blk_max = scores.amax(dim=-1)
-            req_max = torch.full(
-                (p.num_reqs, *blk_max.shape[1:]), float("-inf"), dtype=blk_max.dtype, device=blk_max.device
+            row_max = torch.full(
+                (p.num_rows, *blk_max.shape[1:]), float("-inf"), dtype=blk_max.dtype, device=blk_max.device
             )
-            index = p.req_of_block.view(-1, 1, 1).expand_as(blk_max)
-            req_max.scatter_reduce_(0, index, blk_max, "amax")
-            probs = torch.exp(scores - req_max.index_select(0, p.req_of_block).unsqueeze(-1))
-            denom = _segment_sum(probs.sum(dim=-1), p.req_of_block, p.num_reqs)
+            index = p.row_of_block.view(-1, 1, 1).expand_as(blk_max)
+            row_max.scatter_reduce_(0, index, blk_max, "amax")
+            probs = torch.exp(scores - row_max.index_select(0, p.row_of_block).unsqueeze(-1))
+            denom = _segment_sum(probs.sum(dim=-1), p.row_of_block, p.num_rows)
             o_blk = torch.matmul(probs.to(vb.dtype), vb).float()  # [B, Hkv, G, D]
-            o = _segment_sum(o_blk, p.req_of_block, p.num_reqs) / denom.unsqueeze(-1)
-        self._store_decode(o.reshape(p.num_reqs, self.num_heads, self.head_size), p.rows, out)
+            o = _segment_sum(o_blk, p.row_of_block, p.num_rows) / denom.unsqueeze(-1)
+        self._store_decode(o.reshape(p.num_rows, self.num_heads, self.head_size), p.rows, out)
 
     @staticmethod
     def _store_decode(o: torch.Tensor, rows: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -419,6 +311,10 @@ class TorchPagedAttentionBackend(AttentionBackend):
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchPagedAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[TorchPagedMetadataBuilder]:
+        return TorchPagedMetadataBuilder
 
     @staticmethod
     def warm_up(device: torch.device) -> None:
