@@ -133,6 +133,20 @@ def _guidance_grammar(params: StructuredOutputsParams) -> str:
         grammar = llguidance.grammar_from("grammar", params.grammar)  # type: ignore[arg-type]
     else:
         raise ValueError("structured_outputs.structural_tag is not supported by the guidance backend")
+    return grammar
+
+
+def _guidance_checked_grammar(params: StructuredOutputsParams) -> str:
+    import llguidance
+
+    kind = params.kind
+    try:
+        grammar = _guidance_grammar(params)
+    except ValueError as e:
+        if str(e).startswith("structured_outputs."):
+            raise
+        # llguidance refuses some inputs already while converting them (e.g. a GBNF with an undefined rule).
+        raise ValueError(f"structured_outputs.{kind} is invalid: {_first_line(e)}") from e
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise ValueError(f"structured_outputs.{kind} is invalid: {_first_line(error)}")
@@ -163,10 +177,10 @@ class GuidanceBackend:
 
     @staticmethod
     def validate(params: StructuredOutputsParams) -> None:
-        _guidance_grammar(params)
+        _guidance_checked_grammar(params)
 
     def compile(self, params: StructuredOutputsParams) -> str:
-        return _guidance_grammar(params)
+        return _guidance_checked_grammar(params)
 
     def new_matcher(self, compiled: str) -> _GuidanceMatcher:
         import llguidance
