@@ -11,6 +11,7 @@ _EXPORTS = {
     "LLM": "pagedllm.llm",
     "SamplingParams": "pagedllm.sampling_params",
     "RequestOutputKind": "pagedllm.sampling_params",
+    "StructuredOutputsParams": "pagedllm.structured_output.params",
     "RequestOutput": "pagedllm.outputs",
     "CompletionOutput": "pagedllm.outputs",
     "EngineConfig": "pagedllm.config",
@@ -23,12 +24,14 @@ if TYPE_CHECKING:
     from pagedllm.llm import LLM
     from pagedllm.outputs import CompletionOutput, RequestOutput
     from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+    from pagedllm.structured_output.params import StructuredOutputsParams
 
 __all__ = [
     "__version__",
     "LLM",
     "SamplingParams",
     "RequestOutputKind",
+    "StructuredOutputsParams",
     "RequestOutput",
     "CompletionOutput",
     "EngineConfig",

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from pagedllm.structured_output.params import StructuredOutputsParams
+
 # Temperatures below this mean greedy sampling (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
 
@@ -106,6 +108,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     allowed_token_ids: list[int] | None = None
     # Words that must not be generated; the front-end turns them into bad_words_token_ids.
     bad_words: list[str] | None = None
+    # Constrain the output to a JSON schema, a regex, a choice or a grammar (a dict is accepted too).
+    structured_outputs: StructuredOutputsParams | None = None
 
     # Filled in by the front-end, not by users.
     # Every token id that ends the request (stop_token_ids plus EOS ids unless ignore_eos): the sampler
@@ -150,6 +154,11 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         )
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.structured_outputs, dict):
+            try:
+                self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as e:
+                raise ValueError(f"structured_outputs: {e}") from e
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
@@ -235,6 +244,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         assert self.bad_words is not None
         if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
             raise ValueError(f"bad_words must be a list of non-blank strings, got {self.bad_words!r}")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError(
+                f"structured_outputs must be a StructuredOutputsParams or a dict, got {self.structured_outputs!r}"
+            )
         if not isinstance(self.output_kind, RequestOutputKind):
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)

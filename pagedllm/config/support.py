@@ -149,10 +149,15 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             sc.stream_interval != 1,
             "scheduler_config.stream_interval (outputs are streamed after every token)",
         ),
+        (
+            cfg.structured_outputs_config.backend in ("outlines", "lm-format-enforcer"),
+            f"structured_outputs_config.backend={cfg.structured_outputs_config.backend!r} "
+            "(only 'auto', 'xgrammar' and 'guidance')",
+        ),
         _named(
             "structured_outputs_config",
-            _changed(cfg.structured_outputs_config),
-            "structured outputs / guided decoding",
+            _changed(cfg.structured_outputs_config, ("reasoning_parser",)),
+            "structured outputs after a reasoning section",
         ),
         _named("mamba_config", _changed(cfg.mamba_config), "Mamba kernels"),
         (

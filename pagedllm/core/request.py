@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -13,6 +13,19 @@ from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedllm.core.hashing import BlockHash
+
+
+class GrammarState(Protocol):
+    """A request's structured-output grammar as the scheduler sees it (the structured_output
+    package's StructuredOutputRequest; a protocol keeps core/ free of the grammar engines)."""
+
+    def is_ready(self) -> bool: ...
+
+    def init_matcher(self) -> None: ...
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -29,6 +42,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
+    # Waiting for its structured-output grammar to compile (not yet in the waiting queue).
+    WAITING_FOR_FSM = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after PREEMPTED is a finished state (see `is_finished`).
@@ -101,6 +116,9 @@ class Request:
         # it: the queue time ends once); reported to the front-end once, with the next output.
         self.first_scheduled_time: float | None = None
         self._first_scheduled_time_reported = False
+
+        # Set by the engine core for a request with structured outputs.
+        self.structured_output_request: GrammarState | None = None
 
         self._block_hasher = block_hasher
         self.block_hashes: list[BlockHash] = []

@@ -16,17 +16,24 @@ import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
-from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.request import GrammarState, Request, RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
 
 if TYPE_CHECKING:
     # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
     from pagedllm.config import CacheConfig, SchedulerConfig
+
+
+class GrammarBitmaskFiller(Protocol):
+    """What the scheduler needs of the structured-output manager."""
+
+    def grammar_bitmask(self, grammars: list[GrammarState]) -> Any: ...
+
 
 logger = logging.getLogger("pagedllm.core")
 
@@ -83,6 +90,7 @@ class Scheduler:
         num_blocks: int,
         max_model_len: int,
         log_stats: bool = True,
+        structured_output_manager: GrammarBitmaskFiller | None = None,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -132,6 +140,13 @@ class Scheduler:
         # Finished since the last schedule(): the runner drops their state on the next step.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        # Structured outputs: requests whose grammar is still compiling (kept out of the waiting queue
+        # so they hold no one up), the ids of every live constrained request, and the requests whose
+        # grammar failed to compile since the last step (id -> message).
+        self.structured_output_manager = structured_output_manager
+        self.waiting_for_fsm: list[Request] = []
+        self.constrained_req_ids: set[str] = set()
+        self.grammar_errors: dict[str, str] = {}
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -144,9 +159,44 @@ class Scheduler:
             )
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
+        grammar = request.structured_output_request
+        if grammar is not None:
+            self.constrained_req_ids.add(request.request_id)
+            if not grammar.is_ready():
+                request.status = RequestStatus.WAITING_FOR_FSM
+                self.waiting_for_fsm.append(request)
+                return
+            self._init_grammar(request)
+            if request.is_finished():
+                return
+        request.status = RequestStatus.WAITING
         self.waiting.add(request)
+
+    def _init_grammar(self, request: Request) -> None:
+        """Build the matcher of a request whose grammar is compiled; a grammar that failed to compile
+        finishes the request (aborted) with the error reported once."""
+        assert request.structured_output_request is not None
+        try:
+            request.structured_output_request.init_matcher()
+        except Exception as e:  # the core must survive any bad grammar
+            self.grammar_errors[request.request_id] = f"{type(e).__name__}: {e}"
+            request.status = RequestStatus.FINISHED_ABORTED
+            self._free_request(request)
+
+    def _admit_compiled_grammars(self) -> None:
+        """Move the requests whose grammar finished compiling into the waiting queue."""
+        still: list[Request] = []
+        for request in self.waiting_for_fsm:
+            assert request.structured_output_request is not None
+            if not request.structured_output_request.is_ready():
+                still.append(request)
+                continue
+            self._init_grammar(request)
+            if not request.is_finished():
+                request.status = RequestStatus.WAITING
+                self.waiting.add(request)
+        self.waiting_for_fsm = still
 
     def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
         """Finish requests from outside (abort); unknown or already finished ids are ignored."""
@@ -156,11 +206,15 @@ class Scheduler:
             request_ids = (request_ids,)
         running: set[Request] = set()
         waiting: set[Request] = set()
+        compiling: set[Request] = set()
         for req_id in request_ids:
             request = self.requests.get(req_id)
             if request is None:
                 continue
-            (running if request.status == RequestStatus.RUNNING else waiting).add(request)
+            if request.status == RequestStatus.WAITING_FOR_FSM:
+                compiling.add(request)
+            else:
+                (running if request.status == RequestStatus.RUNNING else waiting).add(request)
             request.status = finished_status
             self._free_request(request)
         # One pass over each queue, however many requests are aborted.
@@ -168,10 +222,13 @@ class Scheduler:
             self.running = [r for r in self.running if r not in running]
         if waiting:
             self.waiting.remove_many(waiting)
+        if compiling:
+            self.waiting_for_fsm = [r for r in self.waiting_for_fsm if r not in compiling]
 
     def _free_request(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
+        self.constrained_req_ids.discard(request.request_id)
         del self.requests[request.request_id]
 
     def has_unfinished_requests(self) -> bool:
@@ -208,6 +265,8 @@ class Scheduler:
         self.waiting.prepend(request)
 
     def schedule(self) -> SchedulerOutput:
+        if self.waiting_for_fsm:
+            self._admit_compiled_grammars()
         kv = self.kv_cache_manager
         token_budget = self.max_num_scheduled_tokens
         num_scheduled_tokens: dict[str, int] = {}
@@ -335,9 +394,26 @@ class Scheduler:
         return scheduled
 
     def get_grammar_bitmask(self, scheduler_output: SchedulerOutput) -> GrammarOutput | None:
-        """The allowed-token bitmask of the step's structured-output requests; None while no request
-        is constrained (always, until structured outputs land)."""
-        return None
+        """The allowed-token bitmask of the step's constrained requests that sample a token (a
+        mid-prefill chunk samples nothing); None when there are none (at once when no live request is
+        constrained, so the unconstrained path does no per-step work)."""
+        if not self.constrained_req_ids:
+            return None
+        req_ids: list[str] = []
+        grammars: list[GrammarState] = []
+        for req_id in scheduler_output.num_scheduled_tokens:
+            if req_id not in self.constrained_req_ids:
+                continue
+            request = self.requests[req_id]
+            # schedule() advanced num_computed_tokens: it reaches num_tokens when this step samples.
+            if request.num_computed_tokens >= request.num_tokens:
+                assert request.structured_output_request is not None
+                req_ids.append(req_id)
+                grammars.append(request.structured_output_request)
+        if not req_ids:
+            return None
+        assert self.structured_output_manager is not None
+        return GrammarOutput(req_ids, self.structured_output_manager.grammar_bitmask(grammars))
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
         """Record the drafter's proposals: each running request verifies its drafts next step."""
@@ -390,10 +466,18 @@ class Scheduler:
                 request.num_computed_tokens -= len(spec_decode_tokens[req_id]) + 1 - len(generated)
             new_token_ids: list[int] = []
             stopped = False
+            grammar = request.structured_output_request
             for token_id in generated:
                 request.append_output_token_ids(token_id)
                 new_token_ids.append(token_id)
+                if grammar is not None and not grammar.accept_token(token_id):
+                    logger.error("request %s: token %d is not allowed by its grammar", req_id, token_id)
                 if self._check_stop(request):
+                    stopped = True
+                    break
+                if grammar is not None and grammar.is_terminated():
+                    # The grammar is complete (it accepted its stop token): nothing else may follow.
+                    request.status = RequestStatus.FINISHED_STOPPED
                     stopped = True
                     break
             req_prompt_logprobs = prompt_logprobs.get(req_id)

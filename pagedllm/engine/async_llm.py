@@ -73,7 +73,9 @@ class AsyncLLM:
         self.model_config = engine_config.model_config
         self.tokenizer = tokenizer
         self.client = client
-        self.input_processor = InputProcessor(self.model_config, tokenizer)
+        self.input_processor = InputProcessor(
+            self.model_config, tokenizer, engine_config.structured_outputs_config
+        )
         self.output_processor = OutputProcessor(tokenizer)
         self.max_model_len: int = int(self.model_config.max_model_len)
         self._collectors: dict[str, RequestOutputCollector] = {}

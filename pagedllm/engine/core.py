@@ -18,6 +18,7 @@ from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.executor import Executor
+from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_from_budget
 
 logger = logging.getLogger("pagedllm.engine")
@@ -36,12 +37,14 @@ class EngineCore:
         try:
             num_blocks = self._initialize_kv_caches()
             cache_config = engine_config.cache_config
+            self.structured_output_manager = _make_structured_output_manager(engine_config)
             self.scheduler = Scheduler(
                 engine_config.scheduler_config,
                 cache_config,
                 num_blocks,
                 engine_config.model_config.max_model_len,
                 log_stats=log_stats,
+                structured_output_manager=self.structured_output_manager,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
         except BaseException:
@@ -87,7 +90,15 @@ class EngineCore:
             # What would otherwise fail inside the forward (and take every other request down with
             # it); the front-end checks the same, this guards clients that talk to the core directly.
             validate_prompt_token_ids(request.prompt_token_ids, self._vocab_size)
-            self.scheduler.add_request(Request.from_engine_core_request(request, self.block_hasher))
+            core_request = Request.from_engine_core_request(request, self.block_hasher)
+            constraint = request.sampling_params.structured_outputs
+            if constraint is not None:
+                if self.structured_output_manager is None:
+                    raise ValueError("structured outputs need a tokenizer (skip_tokenizer_init is set)")
+                core_request.structured_output_request = self.structured_output_manager.grammar_init(
+                    constraint
+                )
+            self.scheduler.add_request(core_request)
         except Exception as e:  # the core must survive any bad request
             if not isinstance(e, ValueError):
                 logger.exception("request %s could not be added", request.request_id)
@@ -117,6 +128,9 @@ class EngineCore:
                     self.scheduler.update_draft_token_ids(draft_token_ids)
         else:
             outputs = EngineCoreOutputs()
+        if self.scheduler.grammar_errors:
+            self._admission_errors.update(self.scheduler.grammar_errors)
+            self.scheduler.grammar_errors = {}
         if self._admission_errors:
             outputs.errors = self._admission_errors
             self._admission_errors = {}
@@ -126,4 +140,26 @@ class EngineCore:
         return self.scheduler.reset_prefix_cache()
 
     def shutdown(self) -> None:
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.shutdown()
         self.model_executor.shutdown()
+
+
+def _make_structured_output_manager(engine_config: Any) -> StructuredOutputManager | None:
+    """The grammar manager; None without a tokenizer (a grammar works on the tokens' text). Cheap: the
+    tokenizer and the vocabulary tables load with the first constrained request, off the step loop."""
+    model_config = engine_config.model_config
+    if model_config.skip_tokenizer_init:
+        return None
+
+    def load_tokenizer() -> Any:
+        from pagedllm.tokenizer import get_tokenizer
+
+        return get_tokenizer(model_config)
+
+    return StructuredOutputManager(
+        engine_config.structured_outputs_config,
+        model_config.get_vocab_size(),
+        list(model_config.eos_token_ids),
+        load_tokenizer,
+    )

@@ -14,6 +14,8 @@ from typing import Any, NotRequired, Protocol, TypedDict
 
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output.backends import apply_engine_config
+from pagedllm.structured_output.params import StructuredOutputsParams
 
 
 class TextPrompt(TypedDict):
@@ -63,9 +65,22 @@ class _ModelConfig(Protocol):
     def eos_token_ids(self) -> list[int]: ...
 
 
+class _StructuredOutputsConfig(Protocol):
+    backend: str
+    disable_fallback: bool
+    disable_any_whitespace: bool
+    disable_additional_properties: bool
+
+
 class InputProcessor:
-    def __init__(self, model_config: _ModelConfig, tokenizer: Tokenizer | None) -> None:
+    def __init__(
+        self,
+        model_config: _ModelConfig,
+        tokenizer: Tokenizer | None,
+        structured_outputs_config: _StructuredOutputsConfig | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.structured_outputs_config = structured_outputs_config
         self.max_model_len = int(model_config.max_model_len)
         self.max_logprobs = int(model_config.max_logprobs)
         self.vocab_size = int(model_config.get_vocab_size())
@@ -149,7 +164,19 @@ class InputProcessor:
             params.update_from_tokenizer(self.tokenizer)
         params.verify(self.max_logprobs, self.vocab_size)
         self._check_lengths(params, num_prompt_tokens)
+        if params.structured_outputs is not None:
+            self._prepare_structured_outputs(params.structured_outputs)
         return params
+
+    def _prepare_structured_outputs(self, constraint: StructuredOutputsParams) -> None:
+        """Apply the engine's defaults, pick the backend and check the schema / regex / grammar now, so
+        a bad one is a ValueError for this request and never reaches the core."""
+        if self.tokenizer is None:
+            raise ValueError("structured outputs need a tokenizer (skip_tokenizer_init is set)")
+        cfg = self.structured_outputs_config
+        if cfg is None:
+            raise ValueError("structured outputs are not enabled on this engine")
+        apply_engine_config(constraint, cfg)
 
     def _check_lengths(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         room = self.max_model_len - num_prompt_tokens

@@ -84,7 +84,9 @@ class LLMEngine:
             tokenizer = get_tokenizer(self.model_config)
         # Without a tokenizer (skip_tokenizer_init) prompts must be token ids and outputs carry no text.
         self.tokenizer = tokenizer
-        self.input_processor = InputProcessor(self.model_config, tokenizer)
+        self.input_processor = InputProcessor(
+            self.model_config, tokenizer, engine_config.structured_outputs_config
+        )
         self.output_processor = OutputProcessor(tokenizer)
         self.engine_core: EngineCoreClient = (
             engine_core if engine_core is not None else InprocClient(engine_config)

@@ -43,6 +43,7 @@ from pagedllm.layers.sampler import Sampler
 from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
+from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.input_batch import InputBatch, RowTokens
@@ -414,8 +415,8 @@ class ModelRunner:
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         """Sample the step `execute_model` ran. A request verifying drafts samples from the logits of
         its last real token and accepts none of them (verification comes with a drafter), so it
-        produces exactly what it would have without drafts. ``grammar_output`` is None until
-        structured outputs land."""
+        produces exactly what it would have without drafts. ``grammar_output`` (None when no request
+        is constrained) masks the tokens each constrained request's grammar forbids."""
         state, self.execute_state = self.execute_state, None
         if state is None:
             return ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
@@ -424,7 +425,7 @@ class ModelRunner:
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs: list[LogprobsLists | None] = [None] * num_reqs
         if state.logits is not None:
-            sampled, sampled_lps = self._sample(state.logits, state.cu_num_logits, inputs)
+            sampled, sampled_lps = self._sample(state.logits, state.cu_num_logits, inputs, grammar_output)
             self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
             for j, i in enumerate(inputs.sample_idx.tolist()):
                 sampled_token_ids[i] = [sampled[j]]
@@ -453,7 +454,11 @@ class ModelRunner:
         return None
 
     def _sample(
-        self, logits: torch.Tensor, cu_num_logits: np.ndarray, inputs: _StepInputs
+        self,
+        logits: torch.Tensor,
+        cu_num_logits: np.ndarray,
+        inputs: _StepInputs,
+        grammar_output: GrammarOutput | None,
     ) -> tuple[list[int], list[LogprobsLists | None]]:
         batch = self.input_batch
         n = inputs.sample_idx.size
@@ -461,6 +466,10 @@ class ModelRunner:
             # Requests with drafts: sample from each request's first row (its last real token).
             first_rows = torch.from_numpy(cu_num_logits[:-1]).to(logits.device)
             logits = logits.index_select(0, first_rows)
+        if grammar_output is not None:
+            apply_grammar_bitmask(
+                logits, grammar_output, [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
+            )
         rows = inputs.rows[inputs.sample_idx].tolist()
         generators = {
             j: self.generators[batch.req_ids[row]]  # type: ignore[index]

@@ -152,6 +152,17 @@ def test_kwargs_path_matches_cli_path(tiny_model: str) -> None:
             ["--kernel-config", '{"enable_jit_warmup": false}'],
             lambda c: c.kernel_config.enable_jit_warmup is False,
         ),
+        (
+            ["--structured-outputs-config", '{"backend": "xgrammar", "disable_fallback": true}'],
+            lambda c: (
+                c.structured_outputs_config.backend == "xgrammar"
+                and c.structured_outputs_config.disable_fallback
+            ),
+        ),
+        (
+            ["--structured-outputs-config.backend", "guidance"],
+            lambda c: c.structured_outputs_config.backend == "guidance",
+        ),
     ],
 )
 def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
@@ -180,14 +191,14 @@ def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
             "distributed_executor_backend='mp'",
         ),
         (
-            ["--structured-outputs-config", '{"backend": "xgrammar"}'],
-            lambda c: c.structured_outputs_config.backend == "xgrammar",
+            ["--structured-outputs-config", '{"backend": "outlines"}'],
+            lambda c: c.structured_outputs_config.backend == "outlines",
             "structured_outputs_config.backend",
         ),
         (
-            ["--structured-outputs-config.backend", "xgrammar"],
-            lambda c: c.structured_outputs_config.backend == "xgrammar",
-            "structured_outputs_config.backend",
+            ["--structured-outputs-config.reasoning_parser", "qwen3"],
+            lambda c: c.structured_outputs_config.reasoning_parser == "qwen3",
+            "structured_outputs_config.reasoning_parser",
         ),
         (
             ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],

@@ -95,10 +95,13 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
         ({"scheduler_config": SchedulerConfig(stream_interval=4)}, "stream_interval"),
         ({"scheduler_config": SchedulerConfig(runner_type="pooling")}, "runner_type"),
         ({"scheduler_config": SchedulerConfig(disable_chunked_mm_input=True)}, "disable_chunked_mm_input"),
-        ({"structured_outputs_config": StructuredOutputsConfig(backend="xgrammar")}, "structured_outputs"),
         (
-            {"structured_outputs_config": StructuredOutputsConfig(disable_any_whitespace=True)},
-            "disable_any_whitespace",
+            {"structured_outputs_config": StructuredOutputsConfig(backend="lm-format-enforcer")},
+            "lm-format-enforcer",
+        ),
+        (
+            {"structured_outputs_config": StructuredOutputsConfig(reasoning_parser="deepseek_r1")},
+            "reasoning_parser",
         ),
         ({"profiler_config": ProfilerConfig(profiler="torch")}, "profiler_config.profiler"),
         ({"profiler_config": ProfilerConfig(torch_profiler_dir="/tmp/p")}, "torch_profiler_dir"),
@@ -126,6 +129,12 @@ def test_supported_values_of_the_same_options_pass() -> None:
         kernel_config=KernelConfig(ir_op_priority={"rms_norm": ["native"]}),
         kv_events_config=KVEventsConfig(),
         parallel_config=ParallelConfig(distributed_executor_backend="uni"),
+        structured_outputs_config=StructuredOutputsConfig(
+            backend="guidance",
+            disable_fallback=True,
+            disable_any_whitespace=True,
+            disable_additional_properties=True,
+        ),
     )
     assert unsupported_features(cfg) == []
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from scripted_model import SCRIPT, FakeModelConfig
 
+from pagedllm.config import StructuredOutputsConfig
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.protocol import (
@@ -101,7 +102,9 @@ Scenario = Callable[[AsyncLLM, ScriptedClient], Awaitable[None]]
 def run(tokenizer: Any, scenario: Scenario) -> None:
     async def main() -> None:
         client = ScriptedClient(tokenizer.encode(SCRIPT))
-        config = SimpleNamespace(model_config=FakeModelConfig())
+        config = SimpleNamespace(
+            model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
+        )
         engine = AsyncLLM(config, client, tokenizer, "m", log_stats=False)  # type: ignore[arg-type]
         try:
             await asyncio.wait_for(scenario(engine, client), 30)

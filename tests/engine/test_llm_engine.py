@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from scripted_model import SCRIPT, FakeModelConfig
 
+from pagedllm.config import StructuredOutputsConfig
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.outputs import RequestOutput
@@ -73,7 +74,9 @@ def tokenizer(smollm2_gguf: Path) -> Any:
 
 @pytest.fixture
 def engine(tokenizer: Any) -> LLMEngine:
-    config = SimpleNamespace(model_config=FakeModelConfig())
+    config = SimpleNamespace(
+        model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
+    )
     return LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
 
 

@@ -172,9 +172,12 @@ def test_server_chat_template_is_checked_once(tmp_path: Path) -> None:
 
 def test_unsupported_vllm_fields_unless_neutral() -> None:
     request = CompletionRequest(
-        prompt="x", guided_regex="a+", use_beam_search=True, response_format={"type": "json_object"}
+        prompt="x",
+        guided_decoding_backend="xgrammar",
+        use_beam_search=True,
+        response_format={"type": "json_object"},
     )
-    assert request.unsupported_fields() == ["guided_regex", "use_beam_search", "response_format"]
+    assert request.unsupported_fields() == ["guided_decoding_backend", "use_beam_search"]
     neutral = CompletionRequest(
         prompt="x",
         guided_json=None,

@@ -56,15 +56,8 @@ def _error(response: httpx.Response, status: int, param: str | None) -> str:
 
 # ------------------------------------------------------------------------------- fields not implemented
 UNSUPPORTED = [
-    ("guided_json", {"type": "object"}),
-    ("guided_regex", "[0-9]+"),
-    ("guided_choice", ["yes", "no"]),
-    ("guided_grammar", "root ::= 'a'"),
     ("guided_decoding_backend", "xgrammar"),
-    ("guided_whitespace_pattern", " "),
-    ("structured_outputs", {"choice": ["yes", "no"]}),
-    ("response_format", {"type": "json_object"}),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
+    ("structural_tag", "{}"),
     ("use_beam_search", True),
     ("logits_processors", ["x"]),
 ]

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.structured_output.params import StructuredOutputsParams
 
 
 def random_id(prefix: str) -> str:
@@ -85,14 +86,9 @@ class UsageInfo(OpenAIBaseModel):
 # field: answering as if it were absent (e.g. unconstrained text for guided_json) would be silently wrong.
 _NOT_SET: tuple[Any, ...] = (None,)
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "guided_json": _NOT_SET,
-    "guided_regex": _NOT_SET,
-    "guided_choice": _NOT_SET,
-    "guided_grammar": _NOT_SET,
+    # The backend is the server's choice (--structured-outputs-config.backend), not a request's.
     "guided_decoding_backend": _NOT_SET,
-    "guided_whitespace_pattern": _NOT_SET,
     "structural_tag": _NOT_SET,
-    "structured_outputs": _NOT_SET,
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0),
     "truncate_prompt_tokens": _NOT_SET,
@@ -147,16 +143,60 @@ class SamplingFields(OpenAIBaseModel):
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     priority: int = 0
-    # Only {"type": "text"} is implemented; JSON modes wait for structured outputs.
+    # {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}.
     response_format: dict[str, Any] | None = None
+    # vLLM's structured outputs (StructuredOutputsParams as a dict), and its older guided_* fields.
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     def unsupported_fields(self, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS) -> list[str]:
         """The vLLM fields given with a value that asks for something pagedllm does not do."""
         given = self.model_extra or {}
-        names = [name for name, neutral in table.items() if name in given and given[name] not in neutral]
+        return [name for name, neutral in table.items() if name in given and given[name] not in neutral]
+
+    def constraint_param(self) -> str | None:
+        """The request field that carries the output constraint (the one its errors are about)."""
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            names.append("response_format")
-        return names
+            return "response_format"
+        if self.structured_outputs is not None:
+            return "structured_outputs"
+        names = (*_GUIDED_FIELDS, "guided_whitespace_pattern")
+        return next((name for name in names if getattr(self, name) is not None), None)
+
+    def _structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """response_format, structured_outputs or the guided_* fields as one constraint. ValueError
+        (naming the field) for a malformed one, or for more than one way of asking at once."""
+        guided = {name: getattr(self, name) for name in _GUIDED_FIELDS if getattr(self, name) is not None}
+        if self.guided_whitespace_pattern is not None and not guided:
+            guided["guided_whitespace_pattern"] = self.guided_whitespace_pattern
+        others = (["structured_outputs"] if self.structured_outputs is not None else []) + list(guided)
+        from_format = _from_response_format(self.response_format)
+        if from_format is not None and others:
+            raise ValueError(f"response_format cannot be combined with {others[0]}: give one constraint")
+        if from_format is not None:
+            return from_format
+        if self.structured_outputs is not None and guided:
+            raise ValueError(f"structured_outputs cannot be combined with {next(iter(guided))}")
+        if self.structured_outputs is not None:
+            fields: dict[str, Any] = dict(self.structured_outputs)
+        elif guided:
+            fields = {name.removeprefix("guided_"): value for name, value in guided.items()}
+            if self.guided_whitespace_pattern is not None:
+                fields["whitespace_pattern"] = self.guided_whitespace_pattern
+            if len(fields) - ("whitespace_pattern" in fields) > 1:
+                raise ValueError(f"only one of {', '.join(guided)} may be given")
+        else:
+            return None
+        if "resolved_backend" in fields:
+            raise ValueError("structured_outputs.resolved_backend is set by the server, not by requests")
+        try:
+            return StructuredOutputsParams(**fields)
+        except TypeError as e:
+            raise ValueError(f"structured_outputs: {e}") from e
 
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -185,7 +225,32 @@ class SamplingFields(OpenAIBaseModel):
             logit_bias=self.logit_bias,  # type: ignore[arg-type]  # string keys are converted
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
+            structured_outputs=self._structured_outputs_params(),
         )
+
+
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+def _from_response_format(response_format: dict[str, Any] | None) -> StructuredOutputsParams | None:
+    if response_format is None:
+        return None
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise ValueError(
+                "response_format of type 'json_schema' needs json_schema.schema, a JSON schema object"
+            )
+        return StructuredOutputsParams(json=schema)
+    raise ValueError(
+        f"response_format of type {kind!r} is not supported (use 'text', 'json_object' or 'json_schema')"
+    )
 
 
 # ------------------------------------------------------------------------------------- completions

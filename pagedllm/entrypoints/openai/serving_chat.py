@@ -181,7 +181,8 @@ class OpenAIServingChat:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            raise _chat_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
+            param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
+            raise _chat_error(request, OpenAIError(str(e), param=param)) from e
         text = await asyncio.to_thread(
             render_chat_prompt,
             self.engine.tokenizer,
@@ -201,7 +202,14 @@ class OpenAIServingChat:
         prompt: TokensPrompt = {"prompt_token_ids": token_ids, "prompt": text}
         try:
             streams = await start_requests(
-                self.engine, request_id, [prompt], params, request.priority, _PARAMS, PROMPT_PARAM
+                self.engine,
+                request_id,
+                [prompt],
+                params,
+                request.priority,
+                _PARAMS,
+                PROMPT_PARAM,
+                request.constraint_param(),
             )
         except OpenAIError as e:
             raise _chat_error(request, e) from e

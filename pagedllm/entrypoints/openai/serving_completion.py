@@ -131,13 +131,21 @@ class OpenAIServingCompletion:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
+            param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
+            raise OpenAIError(str(e), param=param) from e
         prompts = await self._tokenized(request)
         request_id = random_id("cmpl")
         if self.log_requests:
             logger.info("Received request %s: %d prompt(s), params %s", request_id, len(prompts), params)
         streams = await start_requests(
-            self.engine, request_id, prompts, params, request.priority, _PARAMS, PROMPT_PARAM
+            self.engine,
+            request_id,
+            prompts,
+            params,
+            request.priority,
+            _PARAMS,
+            PROMPT_PARAM,
+            request.constraint_param(),
         )
         if request.stream:
             return self._stream(request, request_id, model, streams)
@@ -158,7 +166,8 @@ class OpenAIServingCompletion:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            raise OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)) from e
+            param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
+            raise OpenAIError(str(e), param=param) from e
         choices: list[CompletionResponseChoice] = []
         usage = UsageInfo()
         for prompt_index, final in enumerate(finals):

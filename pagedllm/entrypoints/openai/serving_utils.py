@@ -70,19 +70,20 @@ def check_supported_fields(
     unsupported = request.unsupported_fields(table)
     if unsupported:
         name = unsupported[0]
-        message = f"{name} is not supported yet"
-        if name == "response_format" and request.response_format is not None:
-            kind = request.response_format.get("type")
-            message = f"response_format of type {kind!r} is not supported yet (only {{'type': 'text'}})"
-        raise OpenAIError(message, param=name)
+        raise OpenAIError(f"{name} is not supported yet", param=name)
     # Each choice is a sequence in the engine: one request must not be able to fill the batch alone.
     if request.n > max_n:
         raise OpenAIError(f"n={request.n} is more than this server's --max-n-sequences={max_n}", param="n")
 
 
-def param_of_engine_error(message: str, param_names: list[str], prompt_param: str) -> str | None:
-    """The request field an InputProcessor/SamplingParams error is about."""
+def param_of_engine_error(
+    message: str, param_names: list[str], prompt_param: str, constraint_param: str | None = None
+) -> str | None:
+    """The request field an InputProcessor/SamplingParams error is about. ``constraint_param`` is the
+    field the request's output constraint came from (errors of the constraint name structured_outputs)."""
     lowered = message.lower()
+    if constraint_param is not None and message.startswith("structured_outputs"):
+        return constraint_param
     # Prompt errors ("The prompt has 600 tokens, but the maximum model length ...") name the model in
     # passing; they are about the prompt (or, for chat, the messages).
     if lowered.startswith("the prompt") or "prompt_token_ids" in lowered or "prompt must" in lowered:
@@ -98,6 +99,7 @@ async def start_requests(
     priority: int,
     param_names: list[str],
     prompt_param: str,
+    constraint_param: str | None = None,
 ) -> list[RequestStream]:
     """Admit one engine request per prompt; a bad one fails them all with a 400 naming the parameter."""
     streams: list[RequestStream] = []
@@ -109,7 +111,8 @@ async def start_requests(
         for stream in streams:
             stream.abort()
         message = str(e)
-        raise OpenAIError(message, param=param_of_engine_error(message, param_names, prompt_param)) from e
+        param = param_of_engine_error(message, param_names, prompt_param, constraint_param)
+        raise OpenAIError(message, param=param) from e
     except EngineDeadError as e:
         for stream in streams:
             stream.abort()

@@ -1,0 +1,123 @@
+"""The engine core's side of structured outputs: compile grammars off the step loop, keep one matcher
+per request, and fill the step's token bitmask in one batched call per backend.
+
+Grammars compile on a small thread pool (xgrammar and llguidance release the GIL while compiling), so
+the step loop never waits on one: the scheduler keeps a request in WAITING_FOR_FSM until its grammar
+is ready. Compiled grammars are cached by (backend, kind, spec, options): many requests with the same
+schema compile it once. The tokenizer and the backends' vocabulary tables are built on the pool too,
+when the first constrained request arrives, so an engine that never sees one pays nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from pagedllm.structured_output.backends import GuidanceBackend, Matcher, XgrammarBackend, apply_engine_config
+from pagedllm.structured_output.params import StructuredOutputsParams
+
+logger = logging.getLogger("pagedllm.structured_output")
+
+_BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": GuidanceBackend}
+
+
+class StructuredOutputRequest:
+    """One request's grammar: compiling (a future), then a matcher that follows the request's tokens."""
+
+    def __init__(self, manager: StructuredOutputManager, backend: str, compiled: Future[Any]) -> None:
+        self.manager = manager
+        self.backend = backend
+        self._compiled = compiled
+        self.matcher: Matcher | None = None
+
+    def is_ready(self) -> bool:
+        return self._compiled.done()
+
+    def init_matcher(self) -> None:
+        """Once ready: build the matcher. Raises the compile error of a grammar that failed."""
+        self.matcher = self.manager.backend(self.backend).new_matcher(self._compiled.result())
+
+    def accept_token(self, token_id: int) -> bool:
+        assert self.matcher is not None
+        return self.matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.matcher is not None and self.matcher.is_terminated()
+
+
+class StructuredOutputManager:
+    def __init__(
+        self,
+        structured_outputs_config: Any,
+        vocab_size: int,
+        stop_token_ids: list[int],
+        load_tokenizer: Any,
+        max_workers: int = 2,
+    ) -> None:
+        """``load_tokenizer`` is a callable returning the HF tokenizer (called once, on the pool)."""
+        self.config = structured_outputs_config
+        self.vocab_size = vocab_size
+        self.stop_token_ids = stop_token_ids
+        self._load_tokenizer = load_tokenizer
+        self._tokenizer: Any = None
+        self._backends: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._cache: dict[tuple[str, str, str, bool, bool, str | None], Future[Any]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pagedllm-grammar")
+
+    def backend(self, name: str) -> Any:
+        with self._lock:
+            if name not in self._backends:
+                if self._tokenizer is None:
+                    self._tokenizer = self._load_tokenizer()
+                self._backends[name] = _BACKEND_CLASSES[name](
+                    self._tokenizer, self.vocab_size, self.stop_token_ids
+                )
+            return self._backends[name]
+
+    def grammar_init(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+        """Start compiling ``params``' grammar (or reuse the cached one); never blocks."""
+        if params.resolved_backend is None:
+            # The front-end's job; done here for clients that talk to the core directly.
+            apply_engine_config(params, self.config)
+        backend = params.resolved_backend
+        assert backend is not None
+        key = (
+            backend,
+            params.kind,
+            params.spec(),
+            params.disable_any_whitespace,
+            params.disable_additional_properties,
+            params.whitespace_pattern,
+        )
+        with self._lock:
+            future = self._cache.get(key)
+            if future is None:
+                future = self._pool.submit(self._compile, backend, params)
+                self._cache[key] = future
+        return StructuredOutputRequest(self, backend, future)
+
+    def _compile(self, backend: str, params: StructuredOutputsParams) -> Any:
+        return self.backend(backend).compile(params)
+
+    def grammar_bitmask(self, grammars: list[StructuredOutputRequest]) -> np.ndarray:
+        """int32 [len(grammars), ceil(vocab / 32)], row i the tokens grammars[i] allows next; one
+        batched fill per backend."""
+        bitmask = np.full((len(grammars), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
+        by_backend: dict[str, tuple[list[Matcher], list[int]]] = {}
+        for row, grammar in enumerate(grammars):
+            if grammar.matcher is None or grammar.is_terminated():
+                continue  # a finished grammar leaves its row open (the request stops on this token)
+            matchers, rows = by_backend.setdefault(grammar.backend, ([], []))
+            matchers.append(grammar.matcher)
+            rows.append(row)
+        for name, (matchers, rows) in by_backend.items():
+            self.backend(name).fill_bitmask(matchers, bitmask, rows)
+        return bitmask
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
