@@ -10,6 +10,7 @@ trap 'rm -rf "$smoke"' EXIT
 mkdir "$smoke/src"
 tar --exclude=.git --exclude=build --exclude=dist --exclude='*.egg-info' --exclude=__pycache__ -cf - . \
     | tar -xf - -C "$smoke/src"
+python3 -m pip install -q "setuptools>=68" wheel
 python3 -m pip wheel -q --no-deps --no-build-isolation -w "$smoke/wheel" "$smoke/src"
 python3 -m venv --system-site-packages "$smoke/venv"
 "$smoke/venv/bin/python" -m pip install -q --no-deps --force-reinstall "$smoke"/wheel/pagedllm-*.whl
