@@ -9,6 +9,7 @@ carries a ``chat_template`` string and its special tokens.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -16,7 +17,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from pagedllm.tokenizer import resolve_chat_template as tokenizer_resolve_chat_template
 
-SUPPORTED_ROLES = ("system", "user", "assistant")
+SUPPORTED_ROLES = ("system", "user", "assistant", "tool")
 
 # A conversation as users write it: role/content mappings, or objects (e.g. pydantic models of the
 # server's request schema) exposing `model_dump()`.
@@ -57,6 +58,20 @@ def _content_to_text(content: Any, index: int) -> str:
     return "\n".join(texts)
 
 
+def _tool_call_for_template(call: Any, index: int) -> dict[str, Any]:
+    """An assistant's tool call with its arguments as a dict: OpenAI sends them as a JSON string, chat
+    templates (HF's, vLLM's) iterate over them as a mapping."""
+    call = _message_to_dict(call, index)
+    function = dict(call.get("function") or {})
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"messages[{index}].tool_calls: arguments are not valid JSON: {e}") from e
+    return {**call, "function": function}
+
+
 def parse_chat_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
     """Validate a conversation and return plain ``{"role", "content": str, ...}`` dicts.
 
@@ -71,6 +86,10 @@ def parse_chat_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
                 f"messages[{index}].role is {role!r}; supported roles are {', '.join(SUPPORTED_ROLES)}"
             )
         message["content"] = _content_to_text(message.get("content"), index)
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise ValueError(f"messages[{index}].tool_call_id is required for a message with role 'tool'")
+        if message.get("tool_calls"):
+            message["tool_calls"] = [_tool_call_for_template(call, index) for call in message["tool_calls"]]
         conversation.append(message)
     if not conversation:
         raise ValueError("messages must contain at least one message")

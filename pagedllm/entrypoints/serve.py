@@ -58,6 +58,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="Largest `n` (choices per prompt) a request may ask for; more is a 400.",
     )
     server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='Let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser.',
+    )
+    server.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="How the model writes tool calls: hermes, llama3_json, mistral, pythonic, or a name a "
+        "--tool-parser-plugin registers.",
+    )
+    server.add_argument(
+        "--tool-parser-plugin",
+        default=None,
+        help="A Python file that registers tool parsers with ToolParserManager.register_module.",
+    )
+    server.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],

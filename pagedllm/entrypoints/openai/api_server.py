@@ -46,6 +46,7 @@ from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_cha
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from pagedllm.entrypoints.openai.serving_tools import ToolCallingConfig, load_tool_calling_config
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
 
 if TYPE_CHECKING:
@@ -93,12 +94,13 @@ def build_app(
     log_requests: bool,
     max_request_body_bytes: int,
     max_n: int,
+    tool_calling: ToolCallingConfig | None = None,
 ) -> FastAPI:
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
     models = OpenAIServingModels(served_model_names, str(engine.model_config.model), engine.max_model_len)
     prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
     completions = OpenAIServingCompletion(engine, models, prompts, max_n, log_requests)
-    chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, log_requests)
+    chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, log_requests, tool_calling)
     tokenization = OpenAIServingTokenization(engine, models, prompts, chat_template)
 
     @app.exception_handler(OpenAIError)
@@ -239,13 +241,16 @@ async def run_server(
     log_requests = engine_config.logging_config.enable_log_requests and not args.disable_log_requests
     api_key = args.api_key if args.api_key is not None else envs.PAGEDLLM_API_KEY
     chat_template = None
-    if args.chat_template is not None:
-        try:
+    try:
+        if args.chat_template is not None:
             chat_template = load_chat_template(args.chat_template)
-        except ValueError as e:
-            # Before the engine starts: a bad flag should not cost a model load.
-            logger.error("%s", e)
-            return 2
+        tool_calling = load_tool_calling_config(
+            args.enable_auto_tool_choice, args.tool_call_parser, args.tool_parser_plugin
+        )
+    except ValueError as e:
+        # Before the engine starts: a bad flag should not cost a model load.
+        logger.error("%s", e)
+        return 2
 
     engine = await AsyncLLM.create(
         engine_config,
@@ -263,6 +268,7 @@ async def run_server(
             log_requests,
             max_request_body_bytes=args.max_request_body_bytes,
             max_n=args.max_n_sequences,
+            tool_calling=tool_calling,
         )
         config = uvicorn.Config(
             app,

@@ -17,6 +17,10 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def make_tool_call_id() -> str:
+    return random_id("chatcmpl-tool")
+
+
 # Token ids in requests: JSON integers only. Pydantic's lax mode would take `true` as 1 and "7" as 7,
 # which no OpenAI-compatible server accepts.
 TokenId = StrictInt
@@ -308,10 +312,47 @@ class ChatContentPart(OpenAIBaseModel):
     text: str | None = None
 
 
+class FunctionCall(OpenAIBaseModel):
+    name: str
+    # The arguments as a JSON string (OpenAI's shape); chat templates get them as a dict.
+    arguments: str
+
+
+class ToolCall(OpenAIBaseModel):
+    id: str = Field(default_factory=make_tool_call_id)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBaseModel):
     role: str
     content: str | list[ChatContentPart] | None = None
     name: str | None = None
+    # An assistant turn that called tools, and a tool's answer to one of those calls.
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(OpenAIBaseModel):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    # A JSON schema of the arguments.
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatCompletionToolsParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ChatCompletionNamedFunction(OpenAIBaseModel):
+    name: str
+
+
+class ChatCompletionNamedToolChoiceParam(OpenAIBaseModel):
+    type: Literal["function"] = "function"
+    function: ChatCompletionNamedFunction
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -320,9 +361,10 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    # "none" or "auto": without a tool parser, "auto" can only be honoured when no tools are given.
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[ChatCompletionToolsParam] | None = None
+    # None means "auto" when tools are given, else "none" (as OpenAI and vLLM).
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
+    parallel_tool_calls: bool | None = True
     # vLLM extras.
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -330,6 +372,16 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     # The chat template writes the special tokens itself.
     add_special_tokens: bool = False
+
+    def forces_tool_call(self) -> bool:
+        """Named and "required" tool choices: the output is constrained to tool calls by a JSON schema."""
+        return bool(self.tools) and (
+            self.tool_choice == "required" or isinstance(self.tool_choice, ChatCompletionNamedToolChoiceParam)
+        )
+
+    def constraint_param(self) -> str | None:
+        # The tool schemas constrain the output when the tool choice forces a call.
+        return super().constraint_param() or ("tools" if self.forces_tool_call() else None)
 
     def to_sampling_params(self) -> SamplingParams:
         # Neither limit given: None lets the output run up to the end of the context, as in vLLM.
@@ -355,6 +407,7 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -374,9 +427,25 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(OpenAIBaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIBaseModel):
+    """One piece of a streamed tool call: the first carries id, type and name, the next ones fragments of
+    the arguments, all tied together by index."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(OpenAIBaseModel):

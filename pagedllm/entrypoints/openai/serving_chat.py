@@ -33,6 +33,13 @@ from pagedllm.entrypoints.openai.protocol import (
 )
 from pagedllm.entrypoints.openai.serving_completion import token_text
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_tools import (
+    ChoiceToolCalls,
+    ToolCallingConfig,
+    apply_tool_choice,
+    check_tool_request,
+    choice_tool_calls,
+)
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
     PromptTokenizer,
@@ -144,6 +151,18 @@ def _chat_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIErr
     return error
 
 
+def _stream_tool_calls(tools: ChoiceToolCalls | None, choice: ChatCompletionStreamChoice) -> bool:
+    """Turn the chunk's content into content and tool-call deltas; False when it has nothing left to send
+    (text held back until the reader knows whether it starts a tool call)."""
+    if tools is None:
+        return True
+    content, deltas = tools.delta(choice.delta.content or "", choice.finish_reason is not None)
+    choice.delta.content = content
+    choice.delta.tool_calls = deltas or None
+    choice.finish_reason = tools.finish_reason(choice.finish_reason, tools.parser.streamed_tool_calls)
+    return bool(content or deltas or choice.finish_reason or choice.logprobs)
+
+
 class OpenAIServingChat:
     def __init__(
         self,
@@ -153,8 +172,10 @@ class OpenAIServingChat:
         chat_template: str | None,
         max_n: int,
         log_requests: bool,
+        tool_calling: ToolCallingConfig | None = None,
     ) -> None:
         self.engine = engine
+        self.tool_calling = tool_calling or ToolCallingConfig()
         self.models = models
         self.prompts = prompts
         self.chat_template = chat_template
@@ -163,12 +184,7 @@ class OpenAIServingChat:
 
     def _check_supported(self, request: ChatCompletionRequest) -> None:
         check_supported_fields(request, self.max_n, CHAT_UNSUPPORTED_FIELDS)
-        # Without a tool-call parser the only honest tool_choice is "none" (the template still sees
-        # the tools, as in vLLM).
-        if request.tool_choice not in (None, "none", "auto"):
-            raise OpenAIError("tool_choice other than 'none' is not supported yet", param="tool_choice")
-        if request.tools and request.tool_choice != "none":
-            raise OpenAIError("tools are not supported yet (only with tool_choice 'none')", param="tools")
+        check_tool_request(request, self.tool_calling)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         check_stream_options(request)
@@ -183,6 +199,7 @@ class OpenAIServingChat:
         except ValueError as e:
             param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
             raise _chat_error(request, OpenAIError(str(e), param=param)) from e
+        apply_tool_choice(request, params, self.tool_calling, self.engine.tokenizer)
         text = await asyncio.to_thread(
             render_chat_prompt,
             self.engine.tokenizer,
@@ -191,7 +208,7 @@ class OpenAIServingChat:
             request.add_generation_prompt,
             request.continue_final_message,
             request.chat_template_kwargs,
-            request.tools,
+            [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None,
         )
         token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM)
         request_id = random_id("chatcmpl")
@@ -226,6 +243,14 @@ class OpenAIServingChat:
             completion.token_ids, completion.logprobs, request.top_logprobs or 0, self.engine.tokenizer
         )
 
+    def _read_tool_calls(self, request: ChatCompletionRequest, choice: ChatCompletionResponseChoice) -> None:
+        """Split the choice's content into content and tool calls, when the request asks for tools."""
+        tools = choice_tool_calls(request, self.tool_calling, self.engine.tokenizer)
+        if tools is None:
+            return
+        choice.message.content, choice.message.tool_calls = tools.full(choice.message.content or "")
+        choice.finish_reason = tools.finish_reason(choice.finish_reason, bool(choice.message.tool_calls))
+
     async def _full(
         self, request: ChatCompletionRequest, request_id: str, model: str, stream: RequestStream
     ) -> ChatCompletionResponse:
@@ -248,6 +273,8 @@ class OpenAIServingChat:
             )
             for c in final.outputs
         ]
+        for choice in choices:
+            self._read_tool_calls(request, choice)
         prompt_tokens = len(final.prompt_token_ids or [])
         completion_tokens = sum(len(c.token_ids) for c in final.outputs)
         usage = UsageInfo(
@@ -265,6 +292,9 @@ class OpenAIServingChat:
         continuous = include_usage and options is not None and options.continuous_usage_stats
         prompt_tokens = 0
         completion_tokens = 0
+        tool_readers = [
+            choice_tool_calls(request, self.tool_calling, self.engine.tokenizer) for _ in range(request.n)
+        ]
 
         def usage() -> UsageInfo:
             return UsageInfo(
@@ -291,6 +321,8 @@ class OpenAIServingChat:
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,
                     )
+                    if not _stream_tool_calls(tool_readers[completion.index], choice):
+                        continue
                     chunk = ChatCompletionStreamResponse(id=request_id, model=model, choices=[choice])
                     if continuous:
                         chunk.usage = usage()
