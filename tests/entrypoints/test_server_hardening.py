@@ -74,9 +74,11 @@ def test_vllm_fields_not_implemented_are_400(http: httpx.Client, route: str) -> 
     assert http.post(route, json={**base, **neutral}).status_code == 200
 
 
-def test_chat_tools_only_with_tool_choice_none(http: httpx.Client) -> None:
+def test_chat_tools_auto_needs_the_server_flags(http: httpx.Client) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-    _error(http.post("/v1/chat/completions", json={**CHAT, "tools": tools}), 400, "tools")
+    # No tool_choice with tools means "auto", which needs --enable-auto-tool-choice --tool-call-parser.
+    message = _error(http.post("/v1/chat/completions", json={**CHAT, "tools": tools}), 400, "tool_choice")
+    assert "--enable-auto-tool-choice" in message
     _error(http.post("/v1/chat/completions", json={**CHAT, "tool_choice": "required"}), 400, "tool_choice")
     response = http.post("/v1/chat/completions", json={**CHAT, "tools": tools, "tool_choice": "none"})
     assert response.status_code == 200, response.text

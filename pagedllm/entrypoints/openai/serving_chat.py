@@ -144,6 +144,8 @@ def _chat_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIErr
     renames = {"logprobs": "top_logprobs"}
     if request.max_completion_tokens is not None:
         renames["max_tokens"] = "max_completion_tokens"
+    if error.param == "tools":  # the tool choice's schema, which the engine knows as a constraint
+        error.message = error.message.replace("structured_outputs.json", "tools[].function.parameters")
     new_name = renames.get(error.param or "")
     if new_name is not None:
         error.message = re.sub(rf"\b{error.param}\b", new_name, error.message)
