@@ -70,6 +70,17 @@ def test_pydantic_like_messages_are_accepted(tokenizer: Any) -> None:
         ([{"role": "user", "content": [{"type": "text", "text": 3}]}], TypeError, "must be a string"),
         (["hello"], TypeError, "must be a mapping"),
         ([{"role": "user", "content": 5}], TypeError, "string or a list"),
+        ([{"role": "tool", "content": "42"}], ValueError, r"messages\[0\].tool_call_id is required"),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{a"}}],
+                }
+            ],
+            ValueError,
+            r"messages\[0\].tool_calls: arguments are not valid JSON",
+        ),
     ],
 )
 def test_bad_messages(messages: list[Any], error: type[Exception], match: str) -> None:
@@ -121,3 +132,27 @@ def test_tools_reach_the_template() -> None:
     tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
     assert apply_chat_template(tok, CONVERSATIONS[0], tools=tools) == "[lookup]"
     assert apply_chat_template(tok, CONVERSATIONS[0]) == ""
+
+
+def test_tool_calls_and_results_reach_the_template_with_dict_arguments() -> None:
+    # HF templates iterate over the arguments; OpenAI clients send them as a JSON string.
+    tok = SimpleNamespace(
+        chat_template="{% for m in messages %}{{ m.role }}:"
+        "{% for c in m.tool_calls or [] %}{{ c.function.name }}({{ c.function.arguments.city }}){% endfor %}"
+        "{{ m.tool_call_id or '' }}={{ m.content }};{% endfor %}"
+    )
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    assert (
+        apply_chat_template(tok, messages, add_generation_prompt=False)
+        == "user:=Weather?;assistant:w(Oslo)=;tool:c1=sunny;"
+    )
