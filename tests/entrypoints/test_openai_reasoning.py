@@ -29,11 +29,6 @@ def server() -> Iterator[RemoteServer]:
         remote.kill()
 
 
-@pytest.fixture(scope="module")
-def client(server: RemoteServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
 def chat(client: openai.OpenAI, max_tokens: int = 32, **extra_body: Any) -> Any:
     return client.chat.completions.create(
         model=MODEL_NAME, messages=MESSAGES, temperature=0.0, max_tokens=max_tokens, extra_body=extra_body
