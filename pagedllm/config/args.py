@@ -68,6 +68,13 @@ SHORT_FLAGS: dict[str, tuple[str, ...]] = {
     "optimization_level": ("-O",),
     "compilation_config": ("-cc",),
 }
+# vLLM's options that set one field in several JSON sub-configs (building a sub-config not given).
+SHORTCUTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "reasoning_parser": (
+        ("structured_outputs_config", "reasoning_parser"),
+        ("reasoning_config", "reasoning_parser"),
+    ),
+}
 # Sizes that accept `4k` (4000) / `4K` (4096) style suffixes on the command line.
 HUMAN_READABLE_INTS = frozenset({"max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"})
 # Resolved values one sub-config takes from another already-built one.
@@ -178,8 +185,9 @@ class ArgSpec:
 
     name: str
     """EngineArgs attribute; the flag is `--` + name with dashes."""
-    kind: Literal["flat", "json", "top"]
-    """flat: a field of flat sub-configs; json: a whole sub-config; top: an EngineConfig field."""
+    kind: Literal["flat", "json", "top", "shortcut"]
+    """flat: a field of flat sub-configs; json: a whole sub-config; top: an EngineConfig field;
+    shortcut: one field of JSON sub-configs (`SHORTCUTS`)."""
     targets: tuple[tuple[str, str], ...]
     """(EngineConfig field, sub-config field) pairs fed by this option; for json/top the field is ""."""
     group_cls: type
@@ -296,6 +304,12 @@ def _build_specs() -> dict[str, ArgSpec]:
             specs[config_field] = ArgSpec(
                 config_field, "top", ((config_field, ""),), EngineConfig, info.annotation, info
             )
+    for name, targets in SHORTCUTS.items():
+        config_field, field = targets[0]
+        cls = _sub_config_class(top[config_field].annotation)
+        assert cls is not None and name not in specs
+        info = cls.__pydantic_fields__[field]  # type: ignore[attr-defined]
+        specs[name] = ArgSpec(name, "shortcut", targets, cls, info.annotation, info)
     return specs
 
 
@@ -353,6 +367,8 @@ class EngineArgs:
             elif spec.kind == "json":
                 if value is not None:
                     kwargs[spec.name] = self._sub_config(spec, value)
+            elif spec.kind == "shortcut":
+                continue  # below, once the JSON sub-configs are built
             else:
                 kwargs[spec.name] = value
         built: dict[str, Any] = {}
@@ -363,7 +379,27 @@ class EngineArgs:
             cls = _sub_config_class(top[config_field].annotation)
             assert cls is not None
             built[config_field] = cls(**sub_kwargs[config_field])
+        for spec in ARG_SPECS.values():
+            if spec.kind == "shortcut" and getattr(self, spec.name) != spec.default():
+                self._apply_shortcut(spec, getattr(self, spec.name), kwargs)
         return EngineConfig(**built, **kwargs)
+
+    @staticmethod
+    def _apply_shortcut(spec: ArgSpec, value: Any, kwargs: dict[str, Any]) -> None:
+        """Set `value` in each target sub-config (built with defaults when not given); a sub-config
+        given with another value there is a conflict."""
+        top = _top_level_fields()
+        for config_field, field in spec.targets:
+            cls = _sub_config_class(top[config_field].annotation)
+            assert cls is not None
+            sub = kwargs.get(config_field)
+            if sub is None:
+                kwargs[config_field] = cls(**{field: value})
+                continue
+            current = getattr(sub, field)
+            if current not in (value, spec.default()):
+                raise ValueError(f"{spec.name}={value!r} conflicts with {config_field}.{field}={current!r}")
+            kwargs[config_field] = dataclasses.replace(sub, **{field: value})
 
     @staticmethod
     def _sub_config(spec: ArgSpec, value: Any) -> Any:

@@ -351,7 +351,11 @@ def construct(cfg: EngineConfig) -> None:  # noqa: C901 - one step per spec para
     if cfg.reasoning_config is not None and mc is not None:  # P63
         cfg.reasoning_config.initialize_token_ids(mc)
         if not cfg.reasoning_config.enabled:
-            warning_once("the reasoning parser has no start/end token in this vocabulary; reasoning is off")
+            # The chat server still splits the text; only token-level reasoning detection is off.
+            warning_once(
+                "the reasoning parser's markers are not single tokens of this vocabulary: the engine cannot "
+                "see where the reasoning ends, so structured outputs constrain the whole output"
+            )
     checks.post_init_kv_transfer_config(cfg)  # P64
     verify_aux_output_compatibility(cfg)  # P65
     checks.resolve_hybrid_kv_cache_manager(cfg)  # P66

@@ -20,7 +20,7 @@ class ReasoningConfig:
     """Configuration of reasoning-model output parsing."""
 
     reasoning_parser: str = ""
-    """Name of the reasoning parser."""
+    """Name of the reasoning parser that splits chat responses into reasoning and content."""
     think_start_str: str = "<think>"
     """Text that opens the reasoning section."""
     think_end_str: str = "</think>"
@@ -29,6 +29,25 @@ class ReasoningConfig:
     def __post_init__(self) -> None:
         self.think_start_token_id: int | None = None
         self.think_end_token_id: int | None = None
+        if self.reasoning_parser:
+            # Imported here: the parsers import the server's protocol, which the config must not load.
+            from pagedllm.reasoning import get_reasoning_parser
+
+            get_reasoning_parser(self.reasoning_parser, "reasoning_config.reasoning_parser")
+
+    def parser_markers_differ(self) -> list[str]:
+        """The marker fields set to something else than the parser's own markers (which the parser
+        uses: custom markers are not supported)."""
+        if not self.reasoning_parser:
+            return []
+        from pagedllm.reasoning import get_reasoning_parser
+
+        parser = get_reasoning_parser(self.reasoning_parser)
+        return [
+            name
+            for name, marker in (("think_start_str", parser.start_token), ("think_end_str", parser.end_token))
+            if getattr(self, name) != marker
+        ]
 
     @property
     def enabled(self) -> bool:

@@ -20,7 +20,16 @@ class StructuredOutputsConfig:
     disable_additional_properties: bool = False
     """Forbid properties not in the JSON schema."""
     reasoning_parser: str = ""
-    """Reasoning parser: structured output applies after the reasoning section."""
+    """Reasoning parser (pagedllm.reasoning): structured output constrains only what follows the reasoning
+    section. `--reasoning-parser` sets it together with reasoning_config.reasoning_parser (the chat
+    server's reasoning/content split)."""
+
+    def __post_init__(self) -> None:
+        if self.reasoning_parser:
+            # Imported here: the parsers import the server's protocol, which the config must not load.
+            from pagedllm.reasoning import get_reasoning_parser
+
+            get_reasoning_parser(self.reasoning_parser, "structured_outputs_config.reasoning_parser")
 
     def compute_hash(self) -> str:
         return hash_fields(self, ("backend",))

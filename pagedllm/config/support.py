@@ -32,7 +32,8 @@ SUPPORTED = (
     "dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
     "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
-    "load formats auto/safetensors/gguf/dummy"
+    "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
+    "structured_outputs_config.reasoning_parser)"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -90,7 +91,15 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.diffusion_config is not None, "diffusion_config (diffusion LLM decoding)"),
         (cfg.engram_config is not None, "engram_config (engram layers)"),
         (cfg.watermark_config is not None, "watermark_config (watermarking)"),
-        (cfg.reasoning_config is not None, "reasoning_config (reasoning parsers)"),
+        (
+            cfg.reasoning_config is not None and not cfg.reasoning_config.reasoning_parser,
+            "reasoning_config without reasoning_parser (reasoning token budgets)",
+        ),
+        _named(
+            "reasoning_config",
+            cfg.reasoning_config.parser_markers_differ() if cfg.reasoning_config is not None else [],
+            "markers other than the reasoning parser's",
+        ),
         (cfg.weight_transfer_config is not None, "weight_transfer_config (RL weight transfer)"),
         (bool(cfg.additional_config), "additional_config (options for platform plug-ins; pagedllm has none)"),
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
@@ -153,11 +162,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             cfg.structured_outputs_config.backend in ("outlines", "lm-format-enforcer"),
             f"structured_outputs_config.backend={cfg.structured_outputs_config.backend!r} "
             "(only 'auto', 'xgrammar' and 'guidance')",
-        ),
-        _named(
-            "structured_outputs_config",
-            _changed(cfg.structured_outputs_config, ("reasoning_parser",)),
-            "structured outputs after a reasoning section",
         ),
         _named("mamba_config", _changed(cfg.mamba_config), "Mamba kernels"),
         (

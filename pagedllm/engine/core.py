@@ -96,7 +96,7 @@ class EngineCore:
                 if self.structured_output_manager is None:
                     raise ValueError("structured outputs need a tokenizer (skip_tokenizer_init is set)")
                 core_request.structured_output_request = self.structured_output_manager.grammar_init(
-                    constraint
+                    constraint, request.prompt_token_ids
                 )
             self.scheduler.add_request(core_request)
         except Exception as e:  # the core must survive any bad request

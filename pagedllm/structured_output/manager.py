@@ -6,6 +6,10 @@ the step loop never waits on one: the scheduler keeps a request in WAITING_FOR_F
 is ready. Compiled grammars are cached by (backend, kind, spec, options): many requests with the same
 schema compile it once. The tokenizer and the backends' vocabulary tables are built on the pool too,
 when the first constrained request arrives, so an engine that never sees one pays nothing.
+
+With a reasoning parser (`structured_outputs_config.reasoning_parser`), the grammar constrains only
+the answer: while a request is still reasoning its bitmask row allows every token and its matcher does
+not move; the matcher starts with the first token after the reasoning's end token.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
 from pagedllm.structured_output.backends import GuidanceBackend, Matcher, XgrammarBackend, apply_engine_config
 from pagedllm.structured_output.params import StructuredOutputsParams
 
@@ -28,11 +33,20 @@ _BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": GuidanceBackend}
 class StructuredOutputRequest:
     """One request's grammar: compiling (a future), then a matcher that follows the request's tokens."""
 
-    def __init__(self, manager: StructuredOutputManager, backend: str, compiled: Future[Any]) -> None:
+    def __init__(
+        self,
+        manager: StructuredOutputManager,
+        backend: str,
+        compiled: Future[Any],
+        prompt_token_ids: list[int],
+    ) -> None:
         self.manager = manager
         self.backend = backend
         self._compiled = compiled
+        self._prompt_token_ids = prompt_token_ids
         self.matcher: Matcher | None = None
+        # Whether the grammar applies yet (set by init_matcher; always True without a reasoning parser).
+        self.reasoning_ended = False
 
     def is_ready(self) -> bool:
         return self._compiled.done()
@@ -40,9 +54,16 @@ class StructuredOutputRequest:
     def init_matcher(self) -> None:
         """Once ready: build the matcher. Raises the compile error of a grammar that failed."""
         self.matcher = self.manager.backend(self.backend).new_matcher(self._compiled.result())
+        reasoner = self.manager.reasoner
+        # A prompt can close the reasoning itself (Qwen3's template with enable_thinking=false).
+        self.reasoning_ended = reasoner is None or reasoner.is_reasoning_end(self._prompt_token_ids)
 
     def accept_token(self, token_id: int) -> bool:
         assert self.matcher is not None
+        if not self.reasoning_ended:
+            assert self.manager.reasoner is not None
+            self.reasoning_ended = self.manager.reasoner.is_reasoning_end([token_id])
+            return True
         return self.matcher.accept_token(token_id)
 
     def is_terminated(self) -> bool:
@@ -64,6 +85,8 @@ class StructuredOutputManager:
         self.stop_token_ids = stop_token_ids
         self._load_tokenizer = load_tokenizer
         self._tokenizer: Any = None
+        # Built with the tokenizer (on the pool, before any grammar is ready); None: no reasoning phase.
+        self.reasoner: ReasoningParser | None = None
         self._backends: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._cache: dict[tuple[str, str, str, bool, bool, str | None], Future[Any]] = {}
@@ -74,12 +97,30 @@ class StructuredOutputManager:
             if name not in self._backends:
                 if self._tokenizer is None:
                     self._tokenizer = self._load_tokenizer()
+                    self.reasoner = self._make_reasoner(self._tokenizer)
                 self._backends[name] = _BACKEND_CLASSES[name](
                     self._tokenizer, self.vocab_size, self.stop_token_ids
                 )
             return self._backends[name]
 
-    def grammar_init(self, params: StructuredOutputsParams) -> StructuredOutputRequest:
+    def _make_reasoner(self, tokenizer: Any) -> ReasoningParser | None:
+        name = self.config.reasoning_parser
+        if not name:
+            return None
+        reasoner = get_reasoning_parser(name)(tokenizer.get_vocab())
+        if not reasoner.has_end_token:
+            logger.warning(
+                "reasoning parser %s: %r is not one token of this vocabulary, so the end of the "
+                "reasoning cannot be seen; structured outputs constrain the whole output",
+                name,
+                reasoner.end_token,
+            )
+            return None
+        return reasoner
+
+    def grammar_init(
+        self, params: StructuredOutputsParams, prompt_token_ids: list[int]
+    ) -> StructuredOutputRequest:
         """Start compiling ``params``' grammar (or reuse the cached one); never blocks."""
         if params.resolved_backend is None:
             # The front-end's job; done here for clients that talk to the core directly.
@@ -99,7 +140,7 @@ class StructuredOutputManager:
             if future is None:
                 future = self._pool.submit(self._compile, backend, params)
                 self._cache[key] = future
-        return StructuredOutputRequest(self, backend, future)
+        return StructuredOutputRequest(self, backend, future, prompt_token_ids)
 
     def _compile(self, backend: str, params: StructuredOutputsParams) -> Any:
         return self.backend(backend).compile(params)
@@ -110,8 +151,10 @@ class StructuredOutputManager:
         bitmask = np.full((len(grammars), (self.vocab_size + 31) // 32), -1, dtype=np.int32)
         by_backend: dict[str, tuple[list[Matcher], list[int]]] = {}
         for row, grammar in enumerate(grammars):
-            if grammar.matcher is None or grammar.is_terminated():
-                continue  # a finished grammar leaves its row open (the request stops on this token)
+            if grammar.matcher is None or grammar.is_terminated() or not grammar.reasoning_ended:
+                # A finished grammar leaves its row open (the request stops on this token); so does
+                # one whose request is still reasoning.
+                continue
             matchers, rows = by_backend.setdefault(grammar.backend, ([], []))
             matchers.append(grammar.matcher)
             rows.append(row)

@@ -163,6 +163,10 @@ def test_kwargs_path_matches_cli_path(tiny_model: str) -> None:
             ["--structured-outputs-config.backend", "guidance"],
             lambda c: c.structured_outputs_config.backend == "guidance",
         ),
+        (
+            ["--structured-outputs-config.reasoning_parser", "qwen3"],
+            lambda c: c.structured_outputs_config.reasoning_parser == "qwen3" and c.reasoning_config is None,
+        ),
     ],
 )
 def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
@@ -194,11 +198,6 @@ def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
             ["--structured-outputs-config", '{"backend": "outlines"}'],
             lambda c: c.structured_outputs_config.backend == "outlines",
             "structured_outputs_config.backend",
-        ),
-        (
-            ["--structured-outputs-config.reasoning_parser", "qwen3"],
-            lambda c: c.structured_outputs_config.reasoning_parser == "qwen3",
-            "structured_outputs_config.reasoning_parser",
         ),
         (
             ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
@@ -295,6 +294,29 @@ def test_json_sub_config_errors_name_the_field(tiny_model: str) -> None:
         build(tiny_model, "-cc.no_such_key=1")
     with pytest.raises(SystemExit):
         make_parser().parse_args(["--compilation-config", "{not json"])
+
+
+def test_reasoning_parser_fills_both_sub_configs() -> None:
+    # vLLM's flag fills both: the grammar waits for the reasoning end, the server splits the text. The
+    # embedded model: the reasoning config looks its markers up in a real tokenizer.
+    cfg = parse(
+        ["--reasoning-parser", "deepseek_r1", "--structured-outputs-config.backend", "guidance"]
+    ).create_engine_config()
+    assert cfg.structured_outputs_config.reasoning_parser == "deepseek_r1"
+    assert cfg.structured_outputs_config.backend == "guidance"
+    assert cfg.reasoning_config is not None and cfg.reasoning_config.reasoning_parser == "deepseek_r1"
+    # SmolLM2 has no <think> token: the config says reasoning token ids are off (P63).
+    assert not cfg.reasoning_config.enabled
+
+
+def test_reasoning_parser_errors(tiny_model: str) -> None:
+    # An unknown name lists the known ones; a sub-config naming another parser is a conflict.
+    with pytest.raises(
+        ValueError, match="'nope' is not a reasoning parser; choose one of: deepseek_r1, qwen3"
+    ):
+        build(tiny_model, "--reasoning-parser", "nope")
+    with pytest.raises(ValueError, match="reasoning_parser='qwen3' conflicts with reasoning_config"):
+        build(tiny_model, "--reasoning-parser", "qwen3", "--reasoning-config.reasoning_parser", "deepseek_r1")
 
 
 def test_speculative_config_reaches_the_engine_config(tiny_model: str) -> None:

@@ -100,8 +100,8 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
             "lm-format-enforcer",
         ),
         (
-            {"structured_outputs_config": StructuredOutputsConfig(reasoning_parser="deepseek_r1")},
-            "reasoning_parser",
+            {"reasoning_config": ReasoningConfig(reasoning_parser="qwen3", think_end_str="</answer>")},
+            "reasoning_config.think_end_str",
         ),
         ({"profiler_config": ProfilerConfig(profiler="torch")}, "profiler_config.profiler"),
         ({"profiler_config": ProfilerConfig(torch_profiler_dir="/tmp/p")}, "torch_profiler_dir"),
@@ -134,7 +134,9 @@ def test_supported_values_of_the_same_options_pass() -> None:
             disable_fallback=True,
             disable_any_whitespace=True,
             disable_additional_properties=True,
+            reasoning_parser="deepseek_r1",
         ),
+        reasoning_config=ReasoningConfig(reasoning_parser="qwen3"),
     )
     assert unsupported_features(cfg) == []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import openai
 import pytest
 from remote_server import RemoteServer
 
@@ -16,3 +17,9 @@ def server() -> Iterator[RemoteServer]:
         yield remote
     finally:
         remote.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server: RemoteServer) -> openai.OpenAI:
+    """The official client on the module's server (a module may override `server` with its own flags)."""
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

@@ -7,7 +7,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.structured_output.params import StructuredOutputsParams
@@ -106,7 +106,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     # Chat only (in a completion request they are unknown fields all the same).
     "documents": (None, []),
     "reasoning_effort": _NOT_SET,
-    "include_reasoning": (None, True),
     "functions": (None, []),
     "function_call": (None, "none"),
     "audio": _NOT_SET,
@@ -372,6 +371,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     # The chat template writes the special tokens itself.
     add_special_tokens: bool = False
+    # False drops the reasoning of a --reasoning-parser model from the response (the content stays).
+    include_reasoning: bool = True
 
     def forces_tool_call(self) -> bool:
         """Named and "required" tool choices: the output is constrained to tool calls by a JSON schema."""
@@ -404,7 +405,23 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
-class ChatResponseMessage(OpenAIBaseModel):
+class ReasoningFields(OpenAIBaseModel):
+    """The reasoning of a --reasoning-parser model. vLLM names it `reasoning` and keeps the older
+    `reasoning_content` as an alias: both carry the same text, whichever one is set."""
+
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _sync_reasoning(self) -> ReasoningFields:
+        if self.reasoning is None:
+            self.reasoning = self.reasoning_content
+        elif self.reasoning_content is None:
+            self.reasoning_content = self.reasoning
+        return self
+
+
+class ChatResponseMessage(ReasoningFields):
     role: str = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -442,7 +459,7 @@ class DeltaToolCall(OpenAIBaseModel):
     function: DeltaFunctionCall
 
 
-class DeltaMessage(OpenAIBaseModel):
+class DeltaMessage(ReasoningFields):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None

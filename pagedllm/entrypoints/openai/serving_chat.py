@@ -26,13 +26,13 @@ from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionResponseChoice,
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
-    ChatResponseMessage,
     DeltaMessage,
     UsageInfo,
     random_id,
 )
 from pagedllm.entrypoints.openai.serving_completion import token_text
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_reasoning import ReasoningSplitter
 from pagedllm.entrypoints.openai.serving_tools import (
     ChoiceToolCalls,
     ToolCallingConfig,
@@ -162,7 +162,7 @@ def _stream_tool_calls(tools: ChoiceToolCalls | None, choice: ChatCompletionStre
     choice.delta.content = content
     choice.delta.tool_calls = deltas or None
     choice.finish_reason = tools.finish_reason(choice.finish_reason, tools.parser.streamed_tool_calls)
-    return bool(content or deltas or choice.finish_reason or choice.logprobs)
+    return bool(content or deltas or choice.delta.reasoning_content or choice.finish_reason or choice.logprobs)
 
 
 class OpenAIServingChat:
@@ -183,6 +183,7 @@ class OpenAIServingChat:
         self.chat_template = chat_template
         self.max_n = max_n
         self.log_requests = log_requests
+        self.reasoning = ReasoningSplitter(engine.engine_config, engine.tokenizer)
 
     def _check_supported(self, request: ChatCompletionRequest) -> None:
         check_supported_fields(request, self.max_n, CHAT_UNSUPPORTED_FIELDS)
@@ -265,10 +266,11 @@ class OpenAIServingChat:
         except ValueError as e:  # rejected by the core at admission
             raise _chat_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
         assert final is not None and final.finished
+        reasoning = self.reasoning.for_request(request)
         choices = [
             ChatCompletionResponseChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=c.text),
+                message=reasoning.message(c.text),
                 logprobs=self._logprobs(request, c),
                 finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
@@ -297,6 +299,7 @@ class OpenAIServingChat:
         tool_readers = [
             choice_tool_calls(request, self.tool_calling, self.engine.tokenizer) for _ in range(request.n)
         ]
+        reasoning = self.reasoning.for_request(request)
 
         def usage() -> UsageInfo:
             return UsageInfo(
@@ -318,7 +321,9 @@ class OpenAIServingChat:
                     completion_tokens += len(completion.token_ids)
                     choice = ChatCompletionStreamChoice(
                         index=completion.index,
-                        delta=DeltaMessage(content=completion.text),
+                        delta=reasoning.delta(
+                            completion.index, completion.text, completion.finish_reason is not None
+                        ),
                         logprobs=self._logprobs(request, completion),
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,

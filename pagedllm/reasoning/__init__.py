@@ -1,0 +1,10 @@
+"""Reasoning parsers: split a reasoning model's output into its reasoning and its answer.
+
+`parser.py` holds the `ReasoningParser` base (complete text, streamed deltas, and the engine's
+`is_reasoning_end` on token ids) and the registry by name; `think_parsers.py` the `<think>...</think>`
+parsers (`deepseek_r1`, `qwen3`). Light: no torch, so the config and the server import it freely.
+"""
+
+from pagedllm.reasoning.parser import ReasoningParser, get_reasoning_parser, reasoning_parser_names
+
+__all__ = ["ReasoningParser", "get_reasoning_parser", "reasoning_parser_names"]

@@ -1,0 +1,117 @@
+"""The reasoning parsers on fixed model texts: the complete split, and the same text streamed in every
+way a detokenizer could cut it (character by character, and by real tokens), whose joined deltas must
+equal the complete split; the registry; `is_reasoning_end` on token ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tiny_llm import build_tokenizer
+
+from pagedllm.reasoning import ReasoningParser, get_reasoning_parser, reasoning_parser_names
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer()
+
+
+VOCAB = {"<think>": 7, "</think>": 8, "a": 1, "b": 2}
+
+# (parser, chat_template_kwargs, output, reasoning, content)
+CASES = [
+    (
+        "deepseek_r1",
+        None,
+        "<think>Let me think.</think>The answer is 4.",
+        "Let me think.",
+        "The answer is 4.",
+    ),
+    # R1's template opens <think> in the prompt: the output starts inside the reasoning.
+    ("deepseek_r1", None, "2 and 2 make 4.\n</think>\n\nIt is 4.", "2 and 2 make 4.\n", "\n\nIt is 4."),
+    ("deepseek_r1", None, "still thinking </thi", "still thinking </thi", None),  # cut off
+    ("deepseek_r1", None, "<thi", "<thi", None),
+    ("deepseek_r1", None, "a</think>", "a", None),
+    ("deepseek_r1", None, "x </think> y </think> z", "x ", " y </think> z"),
+    ("qwen3", None, "<think>\nHmm.\n</think>\n\nHello!", "\nHmm.\n", "\n\nHello!"),
+    ("qwen3", None, "Hello, no thinking here.", None, "Hello, no thinking here."),
+    ("qwen3", None, "<thinking about it>", None, "<thinking about it>"),
+    ("qwen3", None, "<think>cut off mid-tho", "cut off mid-tho", None),
+    ("qwen3", None, "Not reasoning</think>tail", None, "Not reasoning</think>tail"),
+    ("qwen3", {"enable_thinking": False}, "<think>x</think>y", None, "<think>x</think>y"),
+    ("qwen3", {"enable_thinking": True}, "<think>x</think>y", "x", "y"),
+    ("qwen3", None, "", None, None),
+]
+
+
+def make(name: str, kwargs: dict | None = None) -> ReasoningParser:
+    return get_reasoning_parser(name)(VOCAB, kwargs)
+
+
+def stream(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
+    reasoning, content, text = [], [], ""
+    for i, piece in enumerate(pieces):
+        delta = parser.extract_reasoning_content_streaming(text, text + piece, finished=i == len(pieces) - 1)
+        text += piece
+        if delta is not None:
+            assert delta.reasoning == delta.reasoning_content  # vLLM's name and its older alias
+            reasoning.append(delta.reasoning_content or "")
+            content.append(delta.content or "")
+    return "".join(reasoning), "".join(content)
+
+
+@pytest.mark.parametrize(("name", "kwargs", "output", "reasoning", "content"), CASES)
+def test_complete_split(name: str, kwargs: dict | None, output: str, reasoning: str, content: str) -> None:
+    assert make(name, kwargs).extract_reasoning_content(output) == (reasoning, content)
+
+
+@pytest.mark.parametrize(("name", "kwargs", "output", "reasoning", "content"), CASES)
+def test_streamed_deltas_join_to_the_complete_split(
+    tokenizer: Any, name: str, kwargs: dict | None, output: str, reasoning: str, content: str
+) -> None:
+    expected = (reasoning or "", content or "")
+    # Character by character: every cut a marker can be split by.
+    assert stream(make(name, kwargs), list(output) or [""]) == expected
+    # Token by token through a real BPE tokenizer (markers split into several tokens).
+    pieces = [tokenizer.decode([t]) for t in tokenizer.encode(output)] or [""]
+    assert "".join(pieces) == output
+    assert stream(make(name, kwargs), pieces) == expected
+    # In one piece.
+    assert stream(make(name, kwargs), [output]) == expected
+
+
+def test_partial_markers_are_held_back_until_decided() -> None:
+    parser = make("deepseek_r1")
+    delta = parser.extract_reasoning_content_streaming("", "abc</th")
+    assert delta is not None and delta.reasoning_content == "abc" and delta.content is None
+    # The tail turned out not to be the marker: it is reasoning after all.
+    delta = parser.extract_reasoning_content_streaming("abc</th", "abc</thx")
+    assert delta is not None and delta.reasoning_content == "</thx"
+    assert parser.extract_reasoning_content_streaming("abc</thx", "abc</thx</think>") is None
+    delta = parser.extract_reasoning_content_streaming("abc</thx</think>", "abc</thx</think>ok")
+    assert delta is not None and delta.content == "ok" and delta.reasoning_content is None
+
+
+def test_registry_lists_names_and_rejects_unknown() -> None:
+    assert reasoning_parser_names() == ["deepseek_r1", "qwen3"]
+    with pytest.raises(
+        ValueError,
+        match=r"reasoning_parser='granite' is not a reasoning parser; choose one of: "
+        r"deepseek_r1, qwen3",
+    ):
+        get_reasoning_parser("granite")
+
+
+def test_is_reasoning_end_on_token_ids() -> None:
+    parser = make("deepseek_r1")
+    assert (parser.start_token_id, parser.end_token_id) == (7, 8)
+    assert not parser.is_reasoning_end([1, 2])
+    assert not parser.is_reasoning_end([7, 1])
+    assert parser.is_reasoning_end([7, 1, 8, 2])
+    # An earlier turn's reasoning ended, but the prompt opens a new one.
+    assert not parser.is_reasoning_end([7, 1, 8, 2, 7])
+    assert parser.is_reasoning_end([8])
+    # A vocabulary without the marker tokens: nothing can end the reasoning by id.
+    blind = get_reasoning_parser("qwen3")({"a": 1})
+    assert not blind.has_end_token and not blind.is_reasoning_end([1, 1])
