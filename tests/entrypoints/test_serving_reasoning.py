@@ -74,7 +74,13 @@ def test_enable_thinking_false_makes_everything_content() -> None:
 
 def test_response_json_carries_both_names() -> None:
     body = json.loads(ChatResponseMessage(reasoning_content="r", content="c").model_dump_json())
-    assert body == {"reasoning": "r", "reasoning_content": "r", "role": "assistant", "content": "c"}
+    assert body == {
+        "reasoning": "r",
+        "reasoning_content": "r",
+        "role": "assistant",
+        "content": "c",
+        "tool_calls": [],
+    }
     assert DeltaMessage(reasoning="r").reasoning_content == "r"
 
 

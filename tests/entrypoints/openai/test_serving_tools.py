@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
 import pytest
 
+from pagedllm.config.features import ReasoningConfig
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -17,6 +19,7 @@ from pagedllm.entrypoints.openai.protocol import (
     DeltaMessage,
 )
 from pagedllm.entrypoints.openai.serving_chat import _stream_tool_calls
+from pagedllm.entrypoints.openai.serving_reasoning import ReasoningSplitter
 from pagedllm.entrypoints.openai.serving_tools import (
     ToolCallingConfig,
     apply_tool_choice,
@@ -240,3 +243,33 @@ def test_server_flags(tmp_path: Path) -> None:
         assert load_tool_calling_config(True, "my_hermes", str(plugin)).tool_parser is not None
     finally:
         ToolParserManager.tool_parsers.pop("my_hermes", None)
+
+
+def test_reasoning_is_split_off_before_the_tool_parser_reads_the_stream() -> None:
+    """A reasoning model's stream: the reasoning deltas are sent (none is dropped as "nothing to send"),
+    the tool parser sees only the content after `</think>`, and everything joins to the full message."""
+    vocab = SimpleNamespace(get_vocab=lambda: {"<think>": 5, "</think>": 6})
+    reasoning = ReasoningSplitter(
+        SimpleNamespace(reasoning_config=ReasoningConfig(reasoning_parser="qwen3")), vocab
+    )
+    request = _request(tools=TOOLS)
+    output = "<think>Which tool? The weather one.</think>" + HERMES_OUTPUT
+    message = reasoning.for_request(request).message(output)
+    full = choice_tool_calls(request, AUTO, None)
+    assert full is not None
+    content, calls = full.full(message.content or "")
+    stream, split = choice_tool_calls(request, AUTO, None), reasoning.for_request(request)
+    streamed_reasoning, streamed_content, names = "", "", []
+    pieces = [output[i : i + 4] for i in range(0, len(output), 4)]
+    for i, piece in enumerate(pieces):
+        finish = "stop" if i == len(pieces) - 1 else None
+        choice = ChatCompletionStreamChoice(index=0, delta=split.delta(0, piece, finish is not None))
+        choice.finish_reason = finish
+        if not _stream_tool_calls(stream, choice):
+            continue
+        streamed_reasoning += choice.delta.reasoning_content or ""
+        streamed_content += choice.delta.content or ""
+        names += [d.function.name for d in choice.delta.tool_calls or () if d.function.name]
+    assert streamed_reasoning == message.reasoning_content == "Which tool? The weather one."
+    assert (streamed_content or None) == content == "Checking.\n"
+    assert names == [c.function.name for c in calls] == ["get_weather", "get_time"]
