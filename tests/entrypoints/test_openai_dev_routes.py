@@ -1,6 +1,6 @@
 """The server's operation routes on a tiny random Llama, through the real ZMQ engine core: sleep mode
 (503 while asleep, same outputs after wake-up), weight updates from disk and collective_rpc, the torch
-profiler; and every such route absent (404) without dev mode / profiling."""
+profiler. (Which routes exist without dev mode: tests/entrypoints/test_dev_routes.py.)"""
 
 from __future__ import annotations
 
@@ -112,22 +112,3 @@ def test_profile_routes_write_a_chrome_trace(dev_server: RemoteServer, models: t
     [trace] = response.json()["traces"]
     names = {event.get("name") for event in json.loads(Path(trace).read_text())["traceEvents"]}
     assert names & {"aten::linear", "aten::mm", "aten::addmm"}
-
-
-def test_operation_routes_absent_by_default(models: tuple[Path, Path]) -> None:
-    remote = RemoteServer(
-        extra_args=["--dtype", "float32", str(models[0])], env={"PAGEDLLM_SERVER_DEV_MODE": ""}
-    )
-    try:
-        for method, path in (
-            ("POST", "/sleep"),
-            ("POST", "/wake_up"),
-            ("GET", "/is_sleeping"),
-            ("POST", "/collective_rpc"),
-            ("POST", "/update_weights_from_disk"),
-            ("POST", "/start_profile"),
-            ("POST", "/stop_profile"),
-        ):
-            assert httpx.request(method, f"{remote.url}{path}").status_code == 404, path
-    finally:
-        remote.kill()

@@ -52,7 +52,9 @@ def test_wrong_name_or_shape_refused_whole(
 ) -> None:
     model, tensors = checkpoint
     specs = [*_specs(tensors), (name, shape, torch.float32)]
-    with pytest.raises(ModelLoadError, match=f"1 weight\\(s\\) refused, nothing was loaded: '{name}': .*{error}"):
+    with pytest.raises(
+        ModelLoadError, match=f"1 weight\\(s\\) refused, nothing was loaded: '{name}': .*{error}"
+    ):
         check_weights(model, specs)
 
 
@@ -68,6 +70,8 @@ def test_partial_load_for_updates(checkpoint: tuple[torch.nn.Module, dict]) -> N
     original = norm.detach().clone()
     with pytest.raises(ModelLoadError, match="checkpoint is missing weights"):
         load_weights(model, [("model.norm.weight", original + 1)])
-    assert load_weights(model, [("model.norm.weight", original + 2)], require_all=False) == {"model.norm.weight"}
+    assert load_weights(model, [("model.norm.weight", original + 2)], require_all=False) == {
+        "model.norm.weight"
+    }
     assert torch.equal(norm, original + 2)
     load_weights(model, tensors.items())
