@@ -60,20 +60,14 @@ class LLM:
         """Release the KV cache (level 1; the weights stay in host memory) or the KV cache and the
         weights (level 2; reloaded from the checkpoint on wake-up). Needs `enable_sleep_mode` and no
         request in flight; until `wake_up()` generation raises EngineSleepingError."""
-        self._require_sleep_mode()
         self.llm_engine.call_utility("sleep", level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore what `sleep` released: everything, or the parts in `tags` ("weights", "kv_cache")."""
-        self._require_sleep_mode()
         self.llm_engine.call_utility("wake_up", tags)
 
     def is_sleeping(self) -> bool:
         return bool(self.llm_engine.call_utility("is_sleeping"))
-
-    def _require_sleep_mode(self) -> None:
-        if not self.llm_engine.model_config.enable_sleep_mode:
-            raise ValueError("sleep mode is not enabled (pass enable_sleep_mode=True)")
 
     def collective_rpc(
         self,

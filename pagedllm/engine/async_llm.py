@@ -186,14 +186,10 @@ class AsyncLLM:
         return await self.client.call_utility_async(method, *args, **kwargs)
 
     async def sleep(self, level: int = 1) -> None:
-        if not self.model_config.enable_sleep_mode:
-            raise ValueError("sleep mode is not enabled (start the server with --enable-sleep-mode)")
         await self.call_utility("sleep", level)
         self._sleeping = True
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
-        if not self.model_config.enable_sleep_mode:
-            raise ValueError("sleep mode is not enabled (start the server with --enable-sleep-mode)")
         await self.call_utility("wake_up", tags)
         self._sleeping = bool(await self.call_utility("is_sleeping"))
 

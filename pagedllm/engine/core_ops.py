@@ -57,6 +57,8 @@ class EngineCoreOps:
     # ------------------------------------------------------------------------------------- sleep
     def sleep(self, level: int = 1) -> int:
         """Release the KV cache (level 1) and the weights (level 2); returns the bytes released."""
+        if not self.engine_config.model_config.enable_sleep_mode:
+            raise ValueError("sleep mode is not enabled (enable_sleep_mode=True, or --enable-sleep-mode)")
         level = check_sleep_level(level)
         if self._asleep:
             raise ValueError("the engine is already sleeping")

@@ -193,6 +193,8 @@ class EngineCoreProc:
             result = self.core.call_utility(call.method, call.args, call.kwargs)
             # Encoded here, not on the output thread: a result msgpack cannot carry becomes an error.
             return UtilityResult(call.call_id, result=msgspec.to_builtins(result))
+        except _Shutdown:  # SIGTERM during a long call (a weight transfer waiting for its trainer)
+            raise
         except Exception as e:
             bad_request = isinstance(e, ValueError)
             if not bad_request:

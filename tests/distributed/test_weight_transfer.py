@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_llm import hf_greedy, make_tiny_llm
+from tiny_llm import hf_greedy
 from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_trainer
 
 from pagedllm import LLM, SamplingParams
@@ -31,20 +31,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("weight_transfer")
-    return make_tiny_llm(root / "engine", seed=0), make_tiny_llm(root / "trainer", seed=1)
-
-
 def _greedy(llm: LLM) -> list[list[int]]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]  # type: ignore[arg-type]
 
 
-def test_trainer_pushes_weights_into_a_running_engine(models: tuple[Path, Path]) -> None:
-    engine_dir, trainer_dir = models
+def test_trainer_pushes_weights_into_a_running_engine(two_tiny_llms: tuple[Path, Path]) -> None:
+    engine_dir, trainer_dir = two_tiny_llms
     llm = LLM(
         model=str(engine_dir),
         dtype="float32",
@@ -86,16 +80,16 @@ def test_trainer_pushes_weights_into_a_running_engine(models: tuple[Path, Path])
             trainer.kill()
 
 
-def test_update_without_transfer_config_or_group_is_refused(models: tuple[Path, Path]) -> None:
-    llm = LLM(model=str(models[0]), dtype="float32", max_model_len=128, enforce_eager=True)
+def test_update_without_transfer_config_or_group_is_refused(two_tiny_llms: tuple[Path, Path]) -> None:
+    llm = LLM(model=str(two_tiny_llms[0]), dtype="float32", max_model_len=128, enforce_eager=True)
     with pytest.raises(ValueError, match="need weight_transfer_config"):
         llm.init_weight_transfer_engine({"master_address": "127.0.0.1", "master_port": 1})
     with pytest.raises(ValueError, match="init_weight_transfer_engine must be called"):
         llm.update_weights({"names": [], "dtype_names": [], "shapes": []})
 
 
-def test_update_weights_from_disk(models: tuple[Path, Path]) -> None:
-    engine_dir, other_dir = models
+def test_update_weights_from_disk(two_tiny_llms: tuple[Path, Path]) -> None:
+    engine_dir, other_dir = two_tiny_llms
     llm = LLM(model=str(engine_dir), dtype="float32", max_model_len=128, enforce_eager=True)
     before = _greedy(llm)
     assert llm.update_weights_from_disk(str(other_dir)) == len(checkpoint(other_dir))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_llm import hf_greedy, make_tiny_llm
+from tiny_llm import hf_greedy
 
 from pagedllm import LLM, SamplingParams
 
@@ -17,15 +17,13 @@ MAX_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("core_ops")
-    return make_tiny_llm(root / "a", seed=0), make_tiny_llm(root / "b", seed=1)
-
-
-@pytest.fixture(scope="module")
-def llm(models: tuple[Path, Path]) -> LLM:
+def llm(two_tiny_llms: tuple[Path, Path]) -> LLM:
     return LLM(
-        model=str(models[0]), dtype="float32", max_model_len=128, enforce_eager=True, enable_sleep_mode=True
+        model=str(two_tiny_llms[0]),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        enable_sleep_mode=True,
     )
 
 
@@ -43,8 +41,8 @@ def test_names_are_checked(llm: LLM) -> None:
     assert llm.collective_rpc(lambda worker, x: (worker.rank, x), args=(7,)) == [(0, 7)]
 
 
-def test_update_resets_the_prefix_cache(llm: LLM, models: tuple[Path, Path]) -> None:
-    first, second = models
+def test_update_resets_the_prefix_cache(llm: LLM, two_tiny_llms: tuple[Path, Path]) -> None:
+    first, second = two_tiny_llms
     assert _greedy(llm) == hf_greedy(first, [PROMPT], MAX_TOKENS)[0]
     llm.update_weights_from_disk(str(second))
     assert _greedy(llm) == hf_greedy(second, [PROMPT], MAX_TOKENS)[0]
@@ -52,27 +50,27 @@ def test_update_resets_the_prefix_cache(llm: LLM, models: tuple[Path, Path]) -> 
     assert _greedy(llm) == hf_greedy(first, [PROMPT], MAX_TOKENS)[0]
 
 
-def test_update_needs_idle_engine_and_awake_weights(llm: LLM, models: tuple[Path, Path]) -> None:
+def test_update_needs_idle_engine_and_awake_weights(llm: LLM, two_tiny_llms: tuple[Path, Path]) -> None:
     llm.llm_engine.add_request("busy", "Hello", SamplingParams(max_tokens=2))
     try:
         with pytest.raises(ValueError, match="a weight update needs an idle engine"):
-            llm.update_weights_from_disk(str(models[1]))
+            llm.update_weights_from_disk(str(two_tiny_llms[1]))
     finally:
         llm.llm_engine.abort_request("busy")
     llm.sleep(level=2)
     try:
         with pytest.raises(ValueError, match="wake_up\\(tags=\\['weights'\\]\\)"):
-            llm.update_weights_from_disk(str(models[1]))
+            llm.update_weights_from_disk(str(two_tiny_llms[1]))
         # With the weights awake (reloaded from the checkpoint), an update replaces them.
         llm.wake_up(tags=["weights"])
-        llm.update_weights_from_disk(str(models[1]))
+        llm.update_weights_from_disk(str(two_tiny_llms[1]))
     finally:
         llm.wake_up()
-    assert _greedy(llm) == hf_greedy(models[1], [PROMPT], MAX_TOKENS)[0]
+    assert _greedy(llm) == hf_greedy(two_tiny_llms[1], [PROMPT], MAX_TOKENS)[0]
 
 
-def test_sleep_mode_must_be_enabled(models: tuple[Path, Path]) -> None:
-    llm = LLM(model=str(models[0]), dtype="float32", max_model_len=128, enforce_eager=True)
+def test_sleep_mode_must_be_enabled(two_tiny_llms: tuple[Path, Path]) -> None:
+    llm = LLM(model=str(two_tiny_llms[0]), dtype="float32", max_model_len=128, enforce_eager=True)
     with pytest.raises(ValueError, match="sleep mode is not enabled"):
         llm.sleep()
     assert not llm.is_sleeping()

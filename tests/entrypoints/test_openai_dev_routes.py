@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from remote_server import RemoteServer
-from tiny_llm import hf_greedy, make_tiny_llm
+from tiny_llm import hf_greedy
 from transformers import AutoTokenizer
 
 pytestmark = pytest.mark.slow
@@ -22,13 +22,9 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("dev_routes")
-    return make_tiny_llm(root / "a", seed=0), make_tiny_llm(root / "b", seed=1)
-
-
-@pytest.fixture(scope="module")
-def dev_server(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteServer]:
+def dev_server(
+    two_tiny_llms: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RemoteServer]:
     profile_dir = tmp_path_factory.mktemp("traces")
     profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": str(profile_dir)})
     remote = RemoteServer(
@@ -38,7 +34,7 @@ def dev_server(models: tuple[Path, Path], tmp_path_factory: pytest.TempPathFacto
             profiler,
             "--dtype",
             "float32",
-            str(models[0]),
+            str(two_tiny_llms[0]),
         ],
         env={"PAGEDLLM_SERVER_DEV_MODE": "1"},
     )
@@ -56,8 +52,8 @@ def _greedy(server: RemoteServer, model: Path) -> str:
     return completion.choices[0].text
 
 
-def test_sleep_wake_and_503_while_asleep(dev_server: RemoteServer, models: tuple[Path, Path]) -> None:
-    url, model = dev_server.url, models[0]
+def test_sleep_wake_and_503_while_asleep(dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]) -> None:
+    url, model = dev_server.url, two_tiny_llms[0]
     before = _greedy(dev_server, model)
     for level, wakes in ((1, [None]), (2, [["weights"], ["kv_cache"]])):
         assert httpx.post(f"{url}/sleep", params={"level": level}, timeout=60).status_code == 200
@@ -87,9 +83,9 @@ def test_bad_operation_arguments_are_400(dev_server: RemoteServer) -> None:
 
 
 def test_update_weights_from_disk_and_collective_rpc(
-    dev_server: RemoteServer, models: tuple[Path, Path]
+    dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]
 ) -> None:
-    url, (first, second) = dev_server.url, models
+    url, (first, second) = dev_server.url, two_tiny_llms
     response = httpx.post(f"{url}/update_weights_from_disk", json={"path": str(second)}, timeout=60)
     assert response.status_code == 200 and response.json()["loaded"] > 0
     expected = hf_greedy(second, [PROMPT], MAX_TOKENS)[0]
@@ -103,10 +99,12 @@ def test_update_weights_from_disk_and_collective_rpc(
     assert _greedy(dev_server, first) == AutoTokenizer.from_pretrained(first).decode(expected)
 
 
-def test_profile_routes_write_a_chrome_trace(dev_server: RemoteServer, models: tuple[Path, Path]) -> None:
+def test_profile_routes_write_a_chrome_trace(
+    dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]
+) -> None:
     url = dev_server.url
     assert httpx.post(f"{url}/start_profile", timeout=60).status_code == 200
-    _greedy(dev_server, models[0])
+    _greedy(dev_server, two_tiny_llms[0])
     response = httpx.post(f"{url}/stop_profile", timeout=120)
     assert response.status_code == 200
     [trace] = response.json()["traces"]
