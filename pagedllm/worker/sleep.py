@@ -50,6 +50,9 @@ class WorkerSleep:
         level = check_sleep_level(level)
         if self.released:
             raise ValueError("the worker is already sleeping")
+        if level == 2 and self.engine_config.quant_config is not None:
+            # Refused before anything is released: wake-up could not reload them (`reload_weights`).
+            raise ValueError("sleep level 2 is not supported for quantized models (use level 1)")
         runner = self.runner
         model = _model(runner)
         runner.release_native_bindings()
