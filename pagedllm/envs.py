@@ -47,6 +47,12 @@ _VARS: list[EnvVar] = [
     EnvVar("XDG_CACHE_HOME", _str, "Base of the default cache root when PAGEDLLM_CACHE_ROOT is unset."),
     EnvVar("PAGEDLLM_API_KEY", _str, "API key the server requires on /v1 routes when --api-key is not given."),
     EnvVar(
+        "PAGEDLLM_SERVER_DEV_MODE",
+        _flag,
+        "Expose the server's development routes (/sleep, /wake_up, /is_sleeping, /collective_rpc, weight "
+        "updates, /reset_prefix_cache): never on a server reachable by untrusted clients.",
+    ),
+    EnvVar(
         "PAGEDLLM_BATCH_INVARIANT",
         _flag,
         "Batch-invariant execution: a request's results do not depend on which other requests share "

@@ -7,7 +7,7 @@ they are batched continuously; outputs come back in the order of the inputs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -16,6 +16,7 @@ from pagedllm.chat_template import apply_chat_template
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.input_processor import PromptType, TokensPrompt
 from pagedllm.engine.llm_engine import LLMEngine
+from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -54,6 +55,53 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.llm_engine.reset_prefix_cache()
 
+    # ----------------------------------------------- operations: sleep mode, weight updates, profiling
+    def sleep(self, level: int = 1) -> None:
+        """Release the KV cache (level 1; the weights stay in host memory) or the KV cache and the
+        weights (level 2; reloaded from the checkpoint on wake-up). Needs `enable_sleep_mode` and no
+        request in flight; until `wake_up()` generation raises EngineSleepingError."""
+        self.llm_engine.call_utility("sleep", level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what `sleep` released: everything, or the parts in `tags` ("weights", "kv_cache")."""
+        self.llm_engine.call_utility("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        return bool(self.llm_engine.call_utility("is_sleeping"))
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        timeout: float | None = None,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        """Call a worker method by name (or `method(worker, *args, **kwargs)`) on every worker; the
+        results in rank order."""
+        return list(self.llm_engine.call_utility("collective_rpc", method, args, kwargs, timeout))
+
+    def start_profile(self) -> None:
+        """Start the torch profiler (needs `profiler_config` with profiler="torch")."""
+        self.llm_engine.call_utility("start_profile")
+
+    def stop_profile(self) -> list[str]:
+        """Stop the profiler; returns the Chrome trace files written (one per worker)."""
+        return list(self.llm_engine.call_utility("stop_profile"))
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join an RL trainer's weight transfer group: `master_address`, `master_port`, `world_size`
+        (2), `rank_offset` (1), optionally `timeout_s`. Blocks until the trainer joins too."""
+        self.llm_engine.call_utility("init_weight_transfer_engine", init_info)
+
+    def update_weights(self, update_info: dict[str, Any]) -> int:
+        """Receive the weights the trainer sends (`names`, `dtype_names`, `shapes`, in send order); a
+        wrong name or shape refuses the whole update. Resets the prefix cache; returns the count."""
+        return int(self.llm_engine.call_utility("update_weights", update_info))
+
+    def update_weights_from_disk(self, path: str) -> int:
+        """Load the safetensors checkpoint at `path` (same architecture) into the running engine."""
+        return int(self.llm_engine.call_utility("update_weights_from_disk", str(path)))
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -68,6 +116,8 @@ class LLM:
         prompt_list: list[PromptType] = (
             [prompts] if isinstance(prompts, str | Mapping) else list(prompts)  # type: ignore[list-item]
         )
+        if self.llm_engine.model_config.enable_sleep_mode and self.is_sleeping():
+            raise EngineSleepingError()
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts")

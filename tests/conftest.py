@@ -18,3 +18,13 @@ def smollm2_gguf_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     return smollm2_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def two_tiny_llms(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two tiny random Llamas, same architecture and tokenizer, different weights (seeds 0 and 1)."""
+    # Imported here: transformers is slow to import, and most test sessions never need it.
+    from tiny_llm import make_tiny_llm
+
+    root = tmp_path_factory.mktemp("two_tiny_llms")
+    return make_tiny_llm(root / "a", seed=0), make_tiny_llm(root / "b", seed=1)

@@ -4,6 +4,7 @@ directory, so the whole offline stack - text in, text out - runs on it in millis
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -43,8 +44,9 @@ def build_tokenizer(vocab_size: int = 384) -> PreTrainedTokenizerFast:
     )
 
 
-def make_tiny_llm(path: Path, seed: int = 0) -> Path:
-    """Save tokenizer + random float32 Llama (hidden 64, 2 layers) to ``path``."""
+def make_tiny_llm(path: Path, seed: int = 0, **config_overrides: Any) -> Path:
+    """Save tokenizer + random float32 Llama (hidden 64, 2 layers, unless `config_overrides` says
+    otherwise) to ``path``."""
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(path)
     config = LlamaConfig(
@@ -61,6 +63,7 @@ def make_tiny_llm(path: Path, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    config.update(config_overrides)
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(path)
     return path

@@ -33,12 +33,17 @@ SUPPORTED = (
     "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
-    "structured_outputs_config.reasoning_parser)"
+    "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
+    "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
+    "profiler"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # Kernel providers pagedllm ships for the IR ops (kernel_config.ir_op_priority).
 _KERNEL_PROVIDERS = ("native",)
+
+# Options of weight_transfer_config.extra (read by pagedllm.worker.weight_update).
+WEIGHT_TRANSFER_EXTRA = ("timeout_s", "packed_buffer_size_bytes")
 
 _MLA_PASSES = ("fuse_rope_kvcache_cat_mla", "fuse_mla_dual_rms_norm")
 
@@ -68,6 +73,8 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     mc, cc, pc, sc = cfg.model_config, cfg.cache_config, cfg.parallel_config, cfg.scheduler_config
     passes = cfg.compilation_config.pass_config
     kve = cfg.kv_events_config
+    prof, wt = cfg.profiler_config, cfg.weight_transfer_config
+    wt_extra = sorted(set(wt.extra) - set(WEIGHT_TRANSFER_EXTRA)) if wt is not None else []
     priority = cfg.kernel_config.ir_op_priority
     kernel_providers = sorted(
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
@@ -100,7 +107,14 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             cfg.reasoning_config.parser_markers_differ() if cfg.reasoning_config is not None else [],
             "markers other than the reasoning parser's",
         ),
-        (cfg.weight_transfer_config is not None, "weight_transfer_config (RL weight transfer)"),
+        (
+            wt is not None and wt.backend == "ipc",
+            "weight_transfer_config.backend='ipc' (only 'nccl': NCCL on CUDA, gloo on the CPU)",
+        ),
+        (
+            bool(wt_extra),
+            f"weight_transfer_config.extra keys {wt_extra} (known: {', '.join(WEIGHT_TRANSFER_EXTRA)})",
+        ),
         (bool(cfg.additional_config), "additional_config (options for platform plug-ins; pagedllm has none)"),
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
         (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
@@ -188,7 +202,18 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             cfg.observability_config.collect_detailed_traces is not None,
             "observability_config.collect_detailed_traces",
         ),
-        _named("profiler_config", _changed(cfg.profiler_config), "profiling"),
+        (prof.profiler == "proton", "profiler_config.profiler='proton' (only 'torch')"),
+        _named(
+            "profiler_config", _changed(prof, ("proton_graph_attribution", "proton_mode")), "proton profiler"
+        ),
+        (
+            prof.profiler is None and bool(prof.torch_profiler_dir),
+            "profiler_config.torch_profiler_dir without profiler_config.profiler='torch'",
+        ),
+        (
+            prof.profiler == "torch" and not prof.torch_profiler_dir,
+            "profiler_config.profiler='torch' without profiler_config.torch_profiler_dir (where traces go)",
+        ),
         (
             cfg.load_config.load_format not in _LOAD_FORMATS,
             f"load_config.load_format={cfg.load_config.load_format!r}",
@@ -213,7 +238,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             (mc.pooler_config is not None, "model_config.pooler_config (pooling models)"),
             (mc.convert not in ("auto", "none"), f"model_config.convert={mc.convert!r}"),
             (mc.enable_prompt_embeds, "model_config.enable_prompt_embeds"),
-            (mc.enable_sleep_mode, "model_config.enable_sleep_mode"),
             (mc.sleep_mode_offload_cudagraph, "model_config.sleep_mode_offload_cudagraph (sleep mode)"),
             (mc.enable_cumem_allocator, "model_config.enable_cumem_allocator (cuMem allocator)"),
             (mc.return_sampling_mask, "model_config.return_sampling_mask (sampling replay)"),

@@ -19,6 +19,7 @@ from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, Engine
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.metrics.loggers import LoggingStatLogger
 from pagedllm.metrics.prometheus import PrometheusStatLogger
 from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
@@ -84,6 +85,8 @@ class AsyncLLM:
         self.stat_logger = LoggingStatLogger() if log_stats else None
         self._background: set[asyncio.Task[Any]] = set()
         self._handler_error: EngineDeadError | None = None
+        # Set by sleep(), cleared once wake_up() restored everything: new requests get a 503 meanwhile.
+        self._sleeping = False
         loop = asyncio.get_running_loop()
         self._output_task = loop.create_task(self._output_handler())
         self._stats_task: asyncio.Task[None] | None = None
@@ -122,6 +125,8 @@ class AsyncLLM:
     ) -> RequestStream:
         """Validate and send a request (ValueError naming the problem if it is invalid)."""
         self._raise_if_dead()
+        if self._sleeping:
+            raise EngineSleepingError()
         if request_id in self._collectors:
             raise ValueError(f"request id {request_id!r} is already in use")
         request, prompt_text = self.input_processor.process_inputs(
@@ -172,6 +177,24 @@ class AsyncLLM:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    # ---------------------------------------------------------------------------------- operations
+    async def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """An engine operation by name (`pagedllm.engine.utility.UTILITY_METHODS`), run in the core
+        between two steps; ValueError for bad arguments."""
+        self._raise_if_dead()
+        return await self.client.call_utility_async(method, *args, **kwargs)
+
+    async def sleep(self, level: int = 1) -> None:
+        await self.call_utility("sleep", level)
+        self._sleeping = True
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        await self.call_utility("wake_up", tags)
+        self._sleeping = bool(await self.call_utility("is_sleeping"))
+
+    def is_sleeping(self) -> bool:
+        return self._sleeping
 
     # --------------------------------------------------------------------------------------- health
     @property

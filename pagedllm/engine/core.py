@@ -15,8 +15,10 @@ from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.engine.core_ops import EngineCoreOps
 from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.executor import Executor
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_from_budget
@@ -24,7 +26,7 @@ from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_f
 logger = logging.getLogger("pagedllm.engine")
 
 
-class EngineCore:
+class EngineCore(EngineCoreOps):
     def __init__(
         self, engine_config: Any, executor_class: type[Executor] | None = None, log_stats: bool = True
     ) -> None:
@@ -55,6 +57,7 @@ class EngineCore:
         self._use_spec_decode = engine_config.speculative_config is not None
         # Requests refused at admission, reported (once) by the next step().
         self._admission_errors: dict[str, str] = {}
+        self._asleep: set[str] = set()
 
     def _initialize_kv_caches(self) -> int:
         """Size the KV cache in blocks, record it in `cache_config.num_gpu_blocks`, allocate it."""
@@ -87,6 +90,8 @@ class EngineCore:
         """Queue a request. A request the scheduler refuses (e.g. longer than max_model_len) does not
         raise: the refusal is reported in the next `step()`'s `EngineCoreOutputs.errors`."""
         try:
+            # A sleeping engine has no KV cache (and maybe no weights) to run it with.
+            self.check_awake()
             # What would otherwise fail inside the forward (and take every other request down with
             # it); the front-end checks the same, this guards clients that talk to the core directly.
             validate_prompt_token_ids(request.prompt_token_ids, self._vocab_size)
@@ -100,7 +105,7 @@ class EngineCore:
                 )
             self.scheduler.add_request(core_request)
         except Exception as e:  # the core must survive any bad request
-            if not isinstance(e, ValueError):
+            if not isinstance(e, ValueError | EngineSleepingError):
                 logger.exception("request %s could not be added", request.request_id)
             self._admission_errors[request.request_id] = f"{type(e).__name__}: {e}"
 
@@ -137,7 +142,7 @@ class EngineCore:
         return outputs
 
     def reset_prefix_cache(self) -> bool:
-        return self.scheduler.reset_prefix_cache()
+        return bool(self.scheduler.reset_prefix_cache())
 
     def shutdown(self) -> None:
         if self.structured_output_manager is not None:

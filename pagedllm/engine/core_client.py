@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -20,13 +21,21 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
-from pagedllm.engine.core_proc import CoreLaunch, InputKind, OutputKind, StartupInfo, run_engine_core_process
+from pagedllm.engine.core_proc import (
+    CoreLaunch,
+    InputKind,
+    OutputKind,
+    StartupInfo,
+    UtilityCall,
+    UtilityResult,
+    run_engine_core_process,
+)
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
 if TYPE_CHECKING:
@@ -99,6 +108,9 @@ class AsyncMPClient:
         self._closed = False
         self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
         self._reader_task: asyncio.Task[None] | None = None
+        self._utility_ids = itertools.count()
+        self._utility_calls: dict[int, asyncio.Future[Any]] = {}
+        self._utility_decoder = msgspec.msgpack.Decoder(UtilityResult)
         self.startup_info: StartupInfo | None = None
         core_process = core_process if core_process is not None else EngineCoreProcess()
         self.process: BaseProcess = core_process.process
@@ -165,6 +177,10 @@ class AsyncMPClient:
         logger.error("%s", message)
         self._dead_error = EngineDeadError(message)
         self._outputs.put_nowait(self._dead_error)
+        for future in self._utility_calls.values():
+            if not future.done():
+                future.set_exception(self._dead_error)
+        self._utility_calls.clear()
 
     async def _read_outputs(self) -> None:
         while True:
@@ -172,6 +188,8 @@ class AsyncMPClient:
             kind = OutputKind(kind_frame)
             if kind is OutputKind.OUTPUTS:
                 self._outputs.put_nowait(self._outputs_decoder.decode(payload))
+            elif kind is OutputKind.UTILITY:
+                self._resolve_utility(self._utility_decoder.decode(payload))
             elif kind is OutputKind.FAILED:
                 message = msgspec.msgpack.decode(payload, type=str)
                 self._mark_dead(f"The engine core failed: {message}")
@@ -201,6 +219,28 @@ class AsyncMPClient:
         if not request_ids or self._dead_error is not None or self._closed:
             return
         await self._input.send_multipart([InputKind.ABORT.value, self._encoder.encode(request_ids)])
+
+    async def call_utility_async(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run an engine operation in the core (between two steps) and return its result; ValueError
+        for bad arguments, RuntimeError for a failure, EngineDeadError if the core dies meanwhile."""
+        self._ensure_alive()
+        call = UtilityCall(next(self._utility_ids), method, list(args), kwargs)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._utility_calls[call.call_id] = future
+        try:
+            await self._input.send_multipart([InputKind.UTILITY.value, self._encoder.encode(call)])
+            return await future
+        finally:
+            self._utility_calls.pop(call.call_id, None)
+
+    def _resolve_utility(self, result: UtilityResult) -> None:
+        future = self._utility_calls.get(result.call_id)
+        if future is None or future.done():  # the caller gave up (cancelled)
+            return
+        if result.error is None:
+            future.set_result(result.result)
+        else:
+            future.set_exception((ValueError if result.bad_request else RuntimeError)(result.error))
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next outputs of the core; raises EngineDeadError once the core is gone."""

@@ -6,9 +6,11 @@ msgspec-encoded messages. Decoding and encoding happen on the I/O threads (msgsp
 GIL), so the busy loop only calls `EngineCore`.
 
 Wire format, one multipart message per item: ``[kind, payload]``.
-- front-end -> core: ``ADD`` + EngineCoreRequest, ``ABORT`` + list of request ids.
+- front-end -> core: ``ADD`` + EngineCoreRequest, ``ABORT`` + list of request ids, ``UTILITY`` +
+  UtilityCall (an engine operation by name: sleep, weight updates, profiling, worker RPCs).
 - core -> front-end: ``READY`` + StartupInfo once the core is built, ``OUTPUTS`` + EngineCoreOutputs,
-  ``FAILED`` + an error text when the core could not start or crashed (the process then exits).
+  ``UTILITY`` + UtilityResult (the call's answer, or its error), ``FAILED`` + an error text when the
+  core could not start or crashed (the process then exits).
 """
 
 from __future__ import annotations
@@ -45,12 +47,32 @@ _IDLE_POLL_S = 0.2
 class InputKind(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
+    UTILITY = b"\x02"
 
 
 class OutputKind(bytes, enum.Enum):
     OUTPUTS = b"\x00"
     READY = b"\x01"
     FAILED = b"\x02"
+    UTILITY = b"\x03"
+
+
+class UtilityCall(msgspec.Struct):
+    """An engine operation by name (`pagedllm.engine.utility.UTILITY_METHODS`), run between steps."""
+
+    call_id: int
+    method: str
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+
+
+class UtilityResult(msgspec.Struct):
+    call_id: int
+    result: Any = None
+    error: str | None = None
+    """`"<ExceptionType>: <message>"` when the call raised."""
+    bad_request: bool = False
+    """Whether it raised ValueError (bad arguments, a refused update): the caller's fault."""
 
 
 class StartupInfo(msgspec.Struct):
@@ -93,6 +115,7 @@ class EngineCoreProc:
         sock.connect(addr)
         add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
         abort_decoder = msgspec.msgpack.Decoder(list[str])
+        utility_decoder = msgspec.msgpack.Decoder(UtilityCall)
         try:
             while not self._stop.is_set():
                 if not sock.poll(int(_IDLE_POLL_S * 1000)):
@@ -101,6 +124,8 @@ class EngineCoreProc:
                 kind = InputKind(kind_frame.bytes)
                 if kind is InputKind.ADD:
                     self.input_queue.put((kind, add_decoder.decode(payload.buffer)))
+                elif kind is InputKind.UTILITY:
+                    self.input_queue.put((kind, utility_decoder.decode(payload.buffer)))
                 else:
                     self.input_queue.put((kind, abort_decoder.decode(payload.buffer)))
         finally:
@@ -157,8 +182,24 @@ class EngineCoreProc:
         if kind is InputKind.ADD:
             # EngineCore reports a refused request in the next step's `errors`; it never raises here.
             self.core.add_request(message)
+        elif kind is InputKind.UTILITY:
+            self.output_queue.put((OutputKind.UTILITY, self._run_utility(message)))
         else:
             self.core.abort_requests(message)
+
+    def _run_utility(self, call: UtilityCall) -> UtilityResult:
+        # Any failure goes back to the caller: an operation must never take the engine down.
+        try:
+            result = self.core.call_utility(call.method, call.args, call.kwargs)
+            # Encoded here, not on the output thread: a result msgpack cannot carry becomes an error.
+            return UtilityResult(call.call_id, result=msgspec.to_builtins(result))
+        except _Shutdown:  # SIGTERM during a long call (a weight transfer waiting for its trainer)
+            raise
+        except Exception as e:
+            bad_request = isinstance(e, ValueError)
+            if not bad_request:
+                logger.exception("engine utility %s failed", call.method)
+            return UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}", bad_request=bad_request)
 
     def _process_engine_step(self) -> None:
         if not self.core.has_unfinished_requests():

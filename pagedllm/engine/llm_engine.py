@@ -36,6 +36,10 @@ class EngineCoreClient(Protocol):
 
     def reset_prefix_cache(self) -> bool: ...
 
+    def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run an engine operation by name (`pagedllm.engine.utility.UTILITY_METHODS`)."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -64,6 +68,9 @@ class InprocClient:
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.core.reset_prefix_cache())
+
+    def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self.core.call_utility(method, args, kwargs)
 
     def shutdown(self) -> None:
         self.core.shutdown()
@@ -172,6 +179,10 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine_core.reset_prefix_cache()
+
+    def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """An engine operation by name: sleep mode, weight updates, profiling, worker RPCs."""
+        return self.engine_core.call_utility(method, *args, **kwargs)
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

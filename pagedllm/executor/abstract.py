@@ -11,6 +11,7 @@ start-up, with a message naming the option.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from pagedllm.core.runner_output import ModelRunnerOutput
@@ -57,12 +58,13 @@ class Executor(ABC):
     @abstractmethod
     def collective_rpc(
         self,
-        method: str,
+        method: str | Callable[..., Any],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> list[Any]:
-        """Call the worker method named ``method`` on every worker; their results in rank order.
+        """Call the worker method named ``method`` (or the function ``method(worker, *args)``) on
+        every worker; their results in rank order.
 
         ``timeout`` (seconds) bounds the wait for workers in other processes; an in-process worker
         runs the call to completion."""

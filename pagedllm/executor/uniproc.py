@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pagedllm.executor.abstract import Executor
@@ -16,14 +18,19 @@ class UniProcExecutor(Executor):
 
     def collective_rpc(
         self,
-        method: str,
+        method: str | Callable[..., Any],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> list[Any]:
         if self.driver_worker is None:
             raise RuntimeError("the executor was shut down")
-        return [getattr(self.driver_worker, method)(*args, **(kwargs or {}))]
+        call = (
+            getattr(self.driver_worker, method)
+            if isinstance(method, str)
+            else partial(method, self.driver_worker)
+        )
+        return [call(*args, **(kwargs or {}))]
 
     def shutdown(self) -> None:
         if self.driver_worker is not None:

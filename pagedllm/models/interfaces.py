@@ -17,6 +17,10 @@ class NativeDecoder(Protocol):
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None: ...
 
+    def release(self) -> None:
+        """Drop every reference to the weights and KV caches (the next call binds them anew)."""
+        ...
+
 
 @runtime_checkable
 class HasDecoderLayers(Protocol):

@@ -43,6 +43,8 @@ class Platform:
     _enum: PlatformEnum
     device_name: str
     device_type: str
+    # torch.distributed backend of collectives between processes on this device (weight transfer).
+    dist_backend: str = "gloo"
 
     def is_cpu(self) -> bool:
         return self._enum == PlatformEnum.CPU
@@ -123,6 +125,9 @@ class Platform:
 
     def is_pin_memory_available(self) -> bool:
         return False
+
+    def release_freed_memory(self) -> None:
+        """Hand memory freed by dropped tensors back to the OS / the device (sleep mode)."""
 
     def default_breakable_cudagraph_architectures(self) -> frozenset[str]:
         """Architectures whose graphs are captured breakable by default (none in pagedllm)."""

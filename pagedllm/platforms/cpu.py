@@ -78,6 +78,15 @@ class CpuPlatform(Platform):
             )
         )
 
+    def release_freed_memory(self) -> None:
+        """`malloc_trim(0)`: `tune_allocator` keeps freed memory in glibc's heap, so dropped weights
+        would stay resident; trimming returns every free page (mmap'd blocks, the KV cache, are
+        returned when their tensor is freed)."""
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc: nothing to trim
+            pass
+
     def get_cpu_count(self) -> int:
         affinity = getattr(os, "sched_getaffinity", None)
         return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)

@@ -11,6 +11,7 @@ class CudaPlatform(Platform):
     _enum = PlatformEnum.CUDA
     device_name = "cuda"
     device_type = "cuda"
+    dist_backend = "nccl"
 
     def __init__(self, capability: tuple[int, int] | None = None) -> None:
         # A given capability means "behave as that GPU" without asking the driver (tests, planning).
@@ -52,3 +53,8 @@ class CudaPlatform(Platform):
 
     def is_pin_memory_available(self) -> bool:
         return True
+
+    def release_freed_memory(self) -> None:
+        # Freed blocks stay in torch's caching allocator until emptied.
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()

@@ -165,6 +165,11 @@ class ModelRunner:
             raise RuntimeError("ModelRunner.load_model() must be called first")
         return self._forward(input_ids, positions)
 
+    def release_native_bindings(self) -> None:
+        """Drop what a native forward keeps of the weights and caches (sleep mode frees them)."""
+        if isinstance(self._forward, CompiledForward):
+            self._forward.release_native()
+
     def weights_bytes(self) -> int:
         model = self._require_model()
         return sum(p.numel() * p.element_size() for p in model.parameters())

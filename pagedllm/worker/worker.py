@@ -16,6 +16,9 @@ from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.platforms import current_platform
 from pagedllm.worker.kv_cache import KVCacheSpec
 from pagedllm.worker.model_runner import ModelRunner
+from pagedllm.worker.profiler import TorchProfiler
+from pagedllm.worker.sleep import WorkerSleep
+from pagedllm.worker.weight_update import WeightUpdater
 
 logger = logging.getLogger("pagedllm.worker")
 
@@ -26,6 +29,14 @@ class Worker:
         self.rank = rank
         self.local_rank = local_rank
         self.model_runner: ModelRunner | None = None
+        self._sleep: WorkerSleep | None = None
+        self._weight_updater: WeightUpdater | None = None
+        profiler_config = engine_config.profiler_config
+        self.profiler = (
+            TorchProfiler(profiler_config.torch_profiler_dir, engine_config.instance_id, rank)
+            if profiler_config.profiler == "torch"
+            else None
+        )
 
     def init_device(self) -> None:
         device = torch.device(self.engine_config.device_config.device)
@@ -75,6 +86,48 @@ class Worker:
 
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         return self.runner.propose_draft_token_ids()
+
+    # ------------------------------------------------------------------------- operations (RPC only)
+    def sleep(self, level: int = 1) -> int:
+        """Release the KV cache (level 1) and the weights (level 2); returns the bytes released."""
+        if self._sleep is None:
+            self._sleep = WorkerSleep(self.runner, self.engine_config)
+        return self._sleep.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if self._sleep is not None:
+            self._sleep.wake_up(tags)
+
+    def start_profile(self) -> None:
+        self._require_profiler().start()
+
+    def stop_profile(self) -> str:
+        return self._require_profiler().stop()
+
+    def _require_profiler(self) -> TorchProfiler:
+        if self.profiler is None:
+            raise ValueError(
+                "profiling is not configured (set profiler_config.profiler='torch' and a torch_profiler_dir)"
+            )
+        return self.profiler
+
+    @property
+    def weight_updater(self) -> WeightUpdater:
+        if self._weight_updater is None:
+            model = self.runner.model
+            if model is None:
+                raise RuntimeError("Worker.load_model() must be called first")
+            self._weight_updater = WeightUpdater(model, self.engine_config.weight_transfer_config)
+        return self._weight_updater
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.weight_updater.init_transfer(init_info)
+
+    def update_weights(self, update_info: dict[str, Any]) -> int:
+        return self.weight_updater.update(update_info)
+
+    def update_weights_from_disk(self, path: str) -> int:
+        return self.weight_updater.update_from_disk(path)
 
     def shutdown(self) -> None:
         # Drop the model and caches so their memory is returned now, not at interpreter exit.

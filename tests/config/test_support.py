@@ -34,6 +34,7 @@ from pagedllm.config import (
     SpeculativeConfig,
     StructuredOutputsConfig,
     WatermarkConfig,
+    WeightTransferConfig,
 )
 from pagedllm.config.support import allow_unsupported, check_supported, unsupported_features
 
@@ -175,8 +176,30 @@ def test_consistency_errors_kept_when_gate_lifted_or_nothing_unsupported() -> No
 def test_unsupported_model_features() -> None:
     with pytest.raises(ValueError, match="model_config.pooler_config"):
         EngineConfig(model_config=ModelConfig(pooler_config={}))
-    with pytest.raises(ValueError, match="model_config.enable_sleep_mode"):
-        EngineConfig(model_config=ModelConfig(enable_sleep_mode=True))
+    with pytest.raises(ValueError, match="model_config.sleep_mode_offload_cudagraph"):
+        EngineConfig(model_config=ModelConfig(enable_sleep_mode=True, sleep_mode_offload_cudagraph=True))
+
+
+def test_operations_supported() -> None:
+    # Sleep mode, weight updates over NCCL/gloo and the torch profiler are implemented (issue 24).
+    cfg = EngineConfig(
+        model_config=ModelConfig(enable_sleep_mode=True),
+        weight_transfer_config=WeightTransferConfig(backend="nccl", extra={"timeout_s": 60}),
+        profiler_config=ProfilerConfig(profiler="torch", torch_profiler_dir="/tmp/p"),
+    )
+    assert unsupported_features(cfg) == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "flag"),
+    [
+        ({"weight_transfer_config": WeightTransferConfig(backend="ipc")}, "backend='ipc'"),
+        ({"weight_transfer_config": WeightTransferConfig(extra={"chunk": 1})}, "extra keys ['chunk']"),
+    ],
+)
+def test_weight_transfer_options_rejected(fields: dict, flag: str) -> None:
+    with pytest.raises(ValueError, match=f"does not support: .*{re.escape(flag)}"):
+        EngineConfig(model_config=ModelConfig(), **fields)
 
 
 def test_every_unsupported_flag_listed_once(triton_installed: None) -> None:

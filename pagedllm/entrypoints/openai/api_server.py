@@ -28,6 +28,7 @@ import pagedllm
 from pagedllm import envs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineCoreProcess, EngineDeadError
+from pagedllm.entrypoints.openai.dev_routes import register_operation_routes
 from pagedllm.entrypoints.openai.errors import (
     OpenAIError,
     error_response,
@@ -177,6 +178,8 @@ def build_app(
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
         return JSONResponse((await tokenization.detokenize(request)).model_dump())
 
+    # Profiling, and in dev mode sleep mode, weight updates and worker calls.
+    register_operation_routes(app, engine)
     return app
 
 

@@ -38,7 +38,7 @@ from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safet
 from pagedllm.models.loader.weights import load_weights
 from pagedllm.models.registry import resolve_model_cls
 
-__all__ = ["ModelLoadError", "get_model", "load_model"]
+__all__ = ["ModelLoadError", "get_model", "load_model", "reload_weights"]
 
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -53,6 +53,23 @@ def _weights(
         gguf_architecture(read_header(gguf_file), gguf_file)
         return iterate_gguf(gguf_file)
     return iterate_safetensors(safetensors_files(model_path))
+
+
+def _source(
+    load_format: str, model_path: Path | str, gguf_file: Path | str | None
+) -> tuple[str, Path, Path | None]:
+    """`(load format with "auto" resolved, model directory, GGUF file or None)`."""
+    if load_format not in SUPPORTED_LOAD_FORMATS:
+        raise ModelLoadError(
+            f"load_format={load_format!r} is not supported (supported: {', '.join(SUPPORTED_LOAD_FORMATS)})"
+        )
+    model_path = Path(model_path)
+    gguf_path = None if gguf_file is None else Path(gguf_file)
+    if gguf_path is not None and not gguf_path.is_absolute() and not gguf_path.exists():
+        gguf_path = model_path / gguf_path
+    if load_format == "auto":
+        load_format = "gguf" if gguf_path is not None else "safetensors"
+    return load_format, model_path, gguf_path
 
 
 @contextmanager
@@ -81,16 +98,7 @@ def load_model(
     in `dtype` on `device`, in eval mode, its rotary tables covering at least `max_positions`, each
     linear layer with the method `quant_config` chooses for it (unquantized without one)."""
     check_tensor_parallel_size(tensor_parallel_size)
-    if load_format not in SUPPORTED_LOAD_FORMATS:
-        raise ModelLoadError(
-            f"load_format={load_format!r} is not supported (supported: {', '.join(SUPPORTED_LOAD_FORMATS)})"
-        )
-    model_path = Path(model_path)
-    gguf_path = None if gguf_file is None else Path(gguf_file)
-    if gguf_path is not None and not gguf_path.is_absolute() and not gguf_path.exists():
-        gguf_path = model_path / gguf_path
-    if load_format == "auto":
-        load_format = "gguf" if gguf_path is not None else "safetensors"
+    load_format, model_path, gguf_path = _source(load_format, model_path, gguf_file)
     model_cls = resolve_model_cls(list(getattr(hf_config, "architectures", None) or []))
     weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path)
 
@@ -135,15 +143,35 @@ def _download_hub_weights(model_config: Any, load_config: Any) -> Path:
         raise ModelLoadError(str(e)) from None
 
 
+def _model_path(engine_config: Any) -> Path:
+    mc, lc = engine_config.model_config, engine_config.load_config
+    if getattr(mc, "source_kind", None) == "hub" and lc.load_format != "dummy":
+        return _download_hub_weights(mc, lc)
+    return Path(mc.model_path)
+
+
+def reload_weights(model: nn.Module, engine_config: Any) -> None:
+    """Fill `model`'s (reallocated) parameters again from the configured checkpoint (sleep mode level 2
+    wake-up). Unquantized weights only: a quantization method's post-load processing is not repeatable."""
+    if engine_config.quant_config is not None:
+        raise ModelLoadError("reloading the weights of a quantized model is not supported")
+    mc = engine_config.model_config
+    load_format, model_path, gguf_path = _source(
+        engine_config.load_config.load_format, _model_path(engine_config), mc.gguf_file
+    )
+    with torch.no_grad():
+        if load_format == "dummy":
+            initialize_dummy_weights(model, mc.seed)
+        else:
+            load_weights(model, _weights(load_format, model_path, gguf_path))
+
+
 def get_model(engine_config: Any) -> nn.Module:
     """The configured model with its weights, on the configured device, in eval mode."""
     mc = engine_config.model_config
-    lc = engine_config.load_config
     if engine_config.parallel_config.pipeline_parallel_size != 1:
         raise ModelLoadError("pipeline_parallel_size > 1 is not supported by the model loader yet")
-    model_path = Path(mc.model_path)
-    if getattr(mc, "source_kind", None) == "hub" and lc.load_format != "dummy":
-        model_path = _download_hub_weights(mc, lc)
+    model_path = _model_path(engine_config)
     return load_model(
         mc.hf_config,
         model_path,

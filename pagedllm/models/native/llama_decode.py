@@ -177,6 +177,10 @@ class LlamaNativeDecoder:
         )
         return cls(model, dtype)
 
+    def release(self) -> None:
+        self._cache, self._layout, self._layers, self._model = None, None, None, None
+        self._tensors = []
+
     def _layer_tensors(self) -> list[tuple[torch.Tensor | None, ...]]:
         """Each layer's tensors in `_LlamaLayer`'s order (None: a bias or norm the model lacks)."""
         rows = []

@@ -1,0 +1,123 @@
+"""The EngineCore's operations outside the request path: sleep mode, weight updates, profiling and
+named worker calls (`collective_rpc`). Front-ends reach them through `call_utility` (see
+`pagedllm.engine.utility`); each runs between two steps.
+
+Sleep and weight updates need an idle engine (no unfinished request): a request half computed with
+released KV blocks, or with the old weights for its prompt and the new ones for its output, would be
+wrong without an error. While the engine sleeps it refuses new requests (`EngineSleepingError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pagedllm.engine.utility import (
+    EngineSleepingError,
+    check_rpc_method,
+    check_sleep_level,
+    check_utility_method,
+    check_wake_tags,
+)
+
+if TYPE_CHECKING:
+    from pagedllm.core.scheduler import Scheduler
+    from pagedllm.executor import Executor
+
+logger = logging.getLogger("pagedllm.engine")
+
+
+class EngineCoreOps:
+    """Mixed into EngineCore (which provides the executor, the scheduler and the request counts)."""
+
+    model_executor: Executor
+    scheduler: Scheduler
+    engine_config: Any
+    # The parts a sleeping engine released (empty while awake).
+    _asleep: set[str]
+
+    def call_utility(
+        self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Run the utility `method` (one of `UTILITY_METHODS`) with its arguments."""
+        return getattr(self, check_utility_method(method))(*args, **(kwargs or {}))
+
+    def _require_idle(self, what: str) -> None:
+        n = self.scheduler.get_num_unfinished_requests()
+        if n:
+            raise ValueError(
+                f"{what} needs an idle engine: {n} requests are unfinished (wait for them or abort them)"
+            )
+
+    def check_awake(self) -> None:
+        if self._asleep:
+            raise EngineSleepingError()
+
+    # ------------------------------------------------------------------------------------- sleep
+    def sleep(self, level: int = 1) -> int:
+        """Release the KV cache (level 1) and the weights (level 2); returns the bytes released."""
+        if not self.engine_config.model_config.enable_sleep_mode:
+            raise ValueError("sleep mode is not enabled (enable_sleep_mode=True, or --enable-sleep-mode)")
+        level = check_sleep_level(level)
+        if self._asleep:
+            raise ValueError("the engine is already sleeping")
+        self._require_idle("sleep")
+        # The released blocks' contents are gone: no later request may hit them.
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be reset before sleeping")
+        released = sum(self.model_executor.collective_rpc("sleep", args=(level,)))
+        self._asleep = {"kv_cache", "weights"}
+        return int(released)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what sleep released: all of it, or the parts named by `tags` ("weights", "kv_cache")."""
+        wanted = check_wake_tags(tags)
+        self.model_executor.collective_rpc("wake_up", args=(list(wanted),))
+        self._asleep -= set(wanted)
+
+    def is_sleeping(self) -> bool:
+        return bool(self._asleep)
+
+    # ----------------------------------------------------------------------------------- workers
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Call a worker method by name (or, in-process, a function of the worker) on every worker."""
+        if not callable(method):
+            method = check_rpc_method(method)
+        return self.model_executor.collective_rpc(method, tuple(args), kwargs, timeout)
+
+    def start_profile(self) -> None:
+        self.model_executor.collective_rpc("start_profile")
+
+    def stop_profile(self) -> list[str]:
+        """Stop the profiler; the trace files written (one per worker)."""
+        return list(self.model_executor.collective_rpc("stop_profile"))
+
+    # ----------------------------------------------------------------------------- weight updates
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's weight transfer group (`weight_transfer_config`)."""
+        self.model_executor.collective_rpc("init_weight_transfer_engine", args=(init_info,))
+
+    def update_weights(self, update_info: dict[str, Any]) -> int:
+        """Receive the weights a trainer pushes (names, dtype_names, shapes in `update_info`)."""
+        return self._update("update_weights", update_info)
+
+    def update_weights_from_disk(self, path: str) -> int:
+        """Load the weights of the safetensors checkpoint at `path` into the running model."""
+        return self._update("update_weights_from_disk", str(path))
+
+    def _update(self, method: str, arg: Any) -> int:
+        if "weights" in self._asleep:
+            # Level 2 released them: wake them first (then this update replaces what was reloaded).
+            raise ValueError("the weights are asleep: call wake_up(tags=['weights']) before a weight update")
+        self._require_idle("a weight update")
+        loaded = self.model_executor.collective_rpc(method, args=(arg,))[0]
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("the prefix cache could not be reset after the weight update")
+        return int(loaded)

@@ -1,0 +1,116 @@
+"""Weight transfer from a trainer in another process (multiprocessing spawn) into a running engine over
+gloo: after the push the engine's greedy tokens are those of the pushed model under HF transformers; an
+update with a wrong name or shape is refused whole (the trainer is told, nothing is applied)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_llm import hf_greedy
+from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_trainer
+
+from pagedllm import LLM, SamplingParams
+from pagedllm.distributed.weight_transfer import (
+    TensorSpec,
+    buckets,
+    specs_from_update_info,
+    update_info_for,
+)
+
+PROMPTS = [[5, 17, 42, 99, 7], [200, 3, 3, 60]]
+MAX_TOKENS = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]  # type: ignore[arg-type]
+
+
+def test_trainer_pushes_weights_into_a_running_engine(two_tiny_llms: tuple[Path, Path]) -> None:
+    engine_dir, trainer_dir = two_tiny_llms
+    llm = LLM(
+        model=str(engine_dir),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        weight_transfer_config={"backend": "nccl", "extra": {"packed_buffer_size_bytes": BUCKET_BYTES}},
+    )
+    assert _greedy(llm) == hf_greedy(engine_dir, PROMPTS, MAX_TOKENS)
+    expected = hf_greedy(trainer_dir, PROMPTS, MAX_TOKENS)
+    assert expected != hf_greedy(engine_dir, PROMPTS, MAX_TOKENS)
+
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    init_info = {
+        "master_address": "127.0.0.1",
+        "master_port": _free_port(),
+        "world_size": 2,
+        "timeout_s": 120,
+    }
+    trainer = ctx.Process(target=run_trainer, args=(init_info, str(trainer_dir), results))
+    trainer.start()
+    try:
+        llm.init_weight_transfer_engine({**init_info, "rank_offset": 1})
+        tensors = checkpoint(trainer_dir)
+        assert llm.update_weights(update_info_for(tensors)) == len(tensors)
+        assert results.get(timeout=120) == "sent"
+        assert _greedy(llm) == expected
+
+        for bad, error in zip(bad_updates(tensors), ("does not match", "no matching parameter")):
+            with pytest.raises(ValueError, match=f"refused, nothing was loaded: .*{error}"):
+                llm.update_weights(update_info_for(bad))
+            assert results.get(timeout=120) == "refused"
+            # The good tensors listed before the bad one were not applied either.
+            assert _greedy(llm) == expected
+        trainer.join(60)
+        assert trainer.exitcode == 0
+    finally:
+        if trainer.is_alive():
+            trainer.kill()
+
+
+def test_update_without_transfer_config_or_group_is_refused(two_tiny_llms: tuple[Path, Path]) -> None:
+    llm = LLM(model=str(two_tiny_llms[0]), dtype="float32", max_model_len=128, enforce_eager=True)
+    with pytest.raises(ValueError, match="need weight_transfer_config"):
+        llm.init_weight_transfer_engine({"master_address": "127.0.0.1", "master_port": 1})
+    with pytest.raises(ValueError, match="init_weight_transfer_engine must be called"):
+        llm.update_weights({"names": [], "dtype_names": [], "shapes": []})
+
+
+def test_update_weights_from_disk(two_tiny_llms: tuple[Path, Path]) -> None:
+    engine_dir, other_dir = two_tiny_llms
+    llm = LLM(model=str(engine_dir), dtype="float32", max_model_len=128, enforce_eager=True)
+    before = _greedy(llm)
+    assert llm.update_weights_from_disk(str(other_dir)) == len(checkpoint(other_dir))
+    assert _greedy(llm) == hf_greedy(other_dir, PROMPTS, MAX_TOKENS) != before
+    with pytest.raises(ValueError, match="does not exist"):
+        llm.update_weights_from_disk(str(other_dir / "missing"))
+
+
+def test_buckets_and_update_info() -> None:
+    specs = [
+        TensorSpec("a", torch.float32, (4, 4)),
+        TensorSpec("b", torch.bfloat16, (3,)),
+        TensorSpec("c", torch.float32, (20,)),
+    ]
+    # 64 + 6 bytes fit in 70; c (80 bytes) is larger than a bucket and goes alone.
+    assert buckets(specs, 70) == [[0, 1], [2]]
+    assert buckets(specs, 1) == [[0], [1], [2]]
+    info = update_info_for([("a", torch.zeros(2, 3, dtype=torch.bfloat16))])
+    assert info == {"names": ["a"], "dtype_names": ["bfloat16"], "shapes": [[2, 3]]}
+    assert specs_from_update_info(info) == [TensorSpec("a", torch.bfloat16, (2, 3))]
+    with pytest.raises(ValueError, match="unknown dtype 'float7'"):
+        specs_from_update_info({"names": ["a"], "dtype_names": ["float7"], "shapes": [[1]]})
+    with pytest.raises(ValueError, match="1 names, 0 dtype_names"):
+        specs_from_update_info({"names": ["a"], "dtype_names": [], "shapes": []})

@@ -1,0 +1,112 @@
+"""The server's operation routes on a tiny random Llama, through the real ZMQ engine core: sleep mode
+(503 while asleep, same outputs after wake-up), weight updates from disk and collective_rpc, the torch
+profiler. (Which routes exist without dev mode: tests/entrypoints/test_dev_routes.py.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from remote_server import RemoteServer
+from tiny_llm import hf_greedy
+from transformers import AutoTokenizer
+
+pytestmark = pytest.mark.slow
+
+PROMPT = [5, 17, 42, 99, 7, 150]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def dev_server(
+    two_tiny_llms: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RemoteServer]:
+    profile_dir = tmp_path_factory.mktemp("traces")
+    profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": str(profile_dir)})
+    remote = RemoteServer(
+        extra_args=[
+            "--enable-sleep-mode",
+            "--profiler-config",
+            profiler,
+            "--dtype",
+            "float32",
+            str(two_tiny_llms[0]),
+        ],
+        env={"PAGEDLLM_SERVER_DEV_MODE": "1"},
+    )
+    try:
+        yield remote
+    finally:
+        remote.kill()
+
+
+def _greedy(server: RemoteServer, model: Path) -> str:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+    completion = client.completions.create(
+        model=str(model), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0
+    )
+    return completion.choices[0].text
+
+
+def test_sleep_wake_and_503_while_asleep(dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]) -> None:
+    url, model = dev_server.url, two_tiny_llms[0]
+    before = _greedy(dev_server, model)
+    for level, wakes in ((1, [None]), (2, [["weights"], ["kv_cache"]])):
+        assert httpx.post(f"{url}/sleep", params={"level": level}, timeout=60).status_code == 200
+        assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": True}
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as info:
+            client.completions.create(model=str(model), prompt="Hello", max_tokens=4)
+        assert info.value.status_code == 503
+        assert info.value.body["type"] == "EngineSleepingError"
+        for i, tags in enumerate(wakes):
+            response = httpx.post(f"{url}/wake_up", params={} if tags is None else {"tags": tags}, timeout=60)
+            assert response.status_code == 200
+            still_asleep = i < len(wakes) - 1
+            assert httpx.get(f"{url}/is_sleeping").json() == {"is_sleeping": still_asleep}
+        assert _greedy(dev_server, model) == before
+
+
+def test_bad_operation_arguments_are_400(dev_server: RemoteServer) -> None:
+    url = dev_server.url
+    response = httpx.post(f"{url}/sleep", params={"level": 3})
+    assert response.status_code == 400 and "sleep level" in response.json()["error"]["message"]
+    assert httpx.post(f"{url}/wake_up", params={"tags": "cpu"}).status_code == 400
+    response = httpx.post(f"{url}/collective_rpc", json={"method": "_private"})
+    assert response.status_code == 400 and "public worker method" in response.json()["error"]["message"]
+    response = httpx.post(f"{url}/update_weights", json={"update_info": {"names": ["x"]}})
+    assert response.status_code == 400
+
+
+def test_update_weights_from_disk_and_collective_rpc(
+    dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]
+) -> None:
+    url, (first, second) = dev_server.url, two_tiny_llms
+    response = httpx.post(f"{url}/update_weights_from_disk", json={"path": str(second)}, timeout=60)
+    assert response.status_code == 200 and response.json()["loaded"] > 0
+    expected = hf_greedy(second, [PROMPT], MAX_TOKENS)[0]
+    assert _greedy(dev_server, first) == AutoTokenizer.from_pretrained(second).decode(expected)
+    # The same through collective_rpc, back to the first model.
+    response = httpx.post(
+        f"{url}/collective_rpc", json={"method": "update_weights_from_disk", "args": [str(first)]}, timeout=60
+    )
+    assert response.status_code == 200 and response.json()["results"][0] > 0
+    expected = hf_greedy(first, [PROMPT], MAX_TOKENS)[0]
+    assert _greedy(dev_server, first) == AutoTokenizer.from_pretrained(first).decode(expected)
+
+
+def test_profile_routes_write_a_chrome_trace(
+    dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]
+) -> None:
+    url = dev_server.url
+    assert httpx.post(f"{url}/start_profile", timeout=60).status_code == 200
+    _greedy(dev_server, two_tiny_llms[0])
+    response = httpx.post(f"{url}/stop_profile", timeout=120)
+    assert response.status_code == 200
+    [trace] = response.json()["traces"]
+    names = {event.get("name") for event in json.loads(Path(trace).read_text())["traceEvents"]}
+    assert names & {"aten::linear", "aten::mm", "aten::addmm"}
