@@ -9,6 +9,7 @@ complete after this step (a mid-prefill chunk samples nothing), and for the draf
 verifying drafts (`cu_num_logits` counts the rows per request) - steps 1-4 are `execute_model` - then
 `sample_tokens` (5) samples, under the grammar bitmask once structured outputs exist, computes prompt
 logprobs, and records the new tokens in its own state (the scheduler never sends generated tokens back).
+A pooling model pools each computed prompt instead of steps 4-5 (`worker/pooling.py`).
 
 The only host syncs per step are the ones that read the sampled ids (and logprobs, when asked).
 """
@@ -460,13 +461,6 @@ class ModelRunner:
                 sampled_token_ids[i] = [sampled[j]]
                 logprobs[i] = sampled_lps[j]
         model = self._require_model()
-        if state.pooled is not None:
-            return ModelRunnerOutput(
-                req_ids=inputs.req_ids,
-                req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
-                sampled_token_ids=sampled_token_ids,
-                pooler_output=state.pooled,
-            )
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
         if self.prompt_logprobs:
             with self._numerics():
@@ -479,6 +473,7 @@ class ModelRunner:
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            pooler_output=state.pooled or {},
         )
 
     def _numerics(self) -> contextlib.AbstractContextManager[object]:
