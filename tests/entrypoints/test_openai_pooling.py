@@ -119,6 +119,7 @@ def test_pooling_and_score_on_embedding_model(embed_server: RemoteServer, refere
         ({"input": [[5, 999999]]}, "input"),
         ({"input": "hello", "encoding_format": "hex"}, "encoding_format"),
         ({"input": " ".join(["hello"] * 200)}, "input"),
+        ({"input": "hello", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ],
 )
 def test_embeddings_bad_input_400(embed_server: RemoteServer, body: dict, param: str) -> None:

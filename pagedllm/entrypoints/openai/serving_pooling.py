@@ -18,7 +18,7 @@ from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import random_id
+from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel, random_id
 from pagedllm.entrypoints.openai.protocol_pooling import (
     EmbeddingData,
     EmbeddingRequest,
@@ -45,6 +45,15 @@ from pagedllm.entrypoints.openai.serving_utils import (
 from pagedllm.llm_pooling import cosine_similarity, cross_encoder_prompt, pair_texts
 from pagedllm.outputs import PoolingRequestOutput
 from pagedllm.pooling_params import PoolingParams
+
+# vLLM fields of the pooling requests that pagedllm does not implement: refused, never ignored.
+UNSUPPORTED_POOLING_FIELDS = ("truncate_prompt_tokens", "embed_dtype", "endianness")
+
+
+def check_pooling_fields(request: OpenAIBaseModel) -> None:
+    for name in UNSUPPORTED_POOLING_FIELDS:
+        if name in (request.model_extra or {}):
+            raise OpenAIError(f"{name} is not supported yet", param=name)
 
 
 def encode_vector(values: Sequence[float], encoding_format: str) -> list[float] | str:
@@ -131,6 +140,7 @@ class OpenAIServingPooling:
     # ------------------------------------------------------------------------------------ handlers
     async def embeddings(self, request: EmbeddingRequest) -> EmbeddingResponse:
         model = self.models.check_model(request.model)
+        check_pooling_fields(request)
         self._require("embed", "Embeddings API")
         prompts = await self._input_prompts(request)
         params = PoolingParams(task="embed", dimensions=request.dimensions, normalize=request.normalize)
@@ -143,6 +153,7 @@ class OpenAIServingPooling:
 
     async def pooling(self, request: PoolingRequest) -> PoolingResponse:
         model = self.models.check_model(request.model)
+        check_pooling_fields(request)
         task = self.tasks[0]
         dims = request.dimensions if task == "embed" else None
         if request.dimensions is not None and dims is None:
@@ -179,6 +190,7 @@ class OpenAIServingPooling:
 
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         model = self.models.check_model(request.model)
+        check_pooling_fields(request)
         try:
             pairs = pair_texts(request.text_1, request.text_2)
         except ValueError as e:
@@ -192,6 +204,7 @@ class OpenAIServingPooling:
 
     async def rerank(self, request: RerankRequest) -> RerankResponse:
         model = self.models.check_model(request.model)
+        check_pooling_fields(request)
         if not request.documents:
             raise OpenAIError("documents must not be empty", param="documents")
         scores, tokens = await self._scores([(request.query, d) for d in request.documents], request.priority)
