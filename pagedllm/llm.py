@@ -17,12 +17,14 @@ from pagedllm.config.args import EngineArgs
 from pagedllm.engine.input_processor import PromptType, TokensPrompt
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.utility import EngineSleepingError
-from pagedllm.outputs import RequestOutput
+from pagedllm.llm_pooling import PoolingMixin
+from pagedllm.outputs import PoolingRequestOutput, RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 
-class LLM:
-    """An engine for offline batched generation.
+class LLM(PoolingMixin):
+    """An engine for offline batched generation, and embeddings / scores with a pooling model.
 
     ``model`` is a local HF directory, a .gguf file, a Hub id, or None for the embedded
     SmolLM2-135M-Instruct; every other keyword is an `EngineArgs` option (``max_model_len``,
@@ -121,12 +123,22 @@ class LLM:
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts")
+        return self._run_requests(prompt_list, params_list, use_tqdm, priority)  # type: ignore[return-value]
+
+    def _run_requests(
+        self,
+        prompts: Sequence[PromptType],
+        params: Sequence[SamplingParams | PoolingParams],
+        use_tqdm: bool,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput | PoolingRequestOutput]:
+        """Queue every prompt with its params, step the engine until all finished, outputs in order."""
         request_ids: list[str] = []
         try:
-            for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+            for i, (prompt, request_params) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._request_counter))
                 self.llm_engine.add_request(
-                    request_id, prompt, params, priority=0 if priority is None else priority[i]
+                    request_id, prompt, request_params, priority=0 if priority is None else priority[i]
                 )
                 request_ids.append(request_id)
         except BaseException:
@@ -189,9 +201,9 @@ class LLM:
                 final[id(params)] = copy
         return [final[id(params)] for params in given]
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput | PoolingRequestOutput]:
         pending = set(request_ids)
-        finished: dict[str, RequestOutput] = {}
+        finished: dict[str, RequestOutput | PoolingRequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
         input_tokens = output_tokens = 0
         try:
@@ -202,7 +214,8 @@ class LLM:
                     pending.discard(output.request_id)
                     finished[output.request_id] = output
                     input_tokens += len(output.prompt_token_ids or ())
-                    output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                    if isinstance(output, RequestOutput):
+                        output_tokens += sum(len(c.token_ids) for c in output.outputs)
                     elapsed = bar.format_dict.get("elapsed") or 0.0
                     if elapsed > 0:
                         bar.set_postfix_str(

@@ -130,3 +130,78 @@ class RequestOutput:
             f"prompt_token_ids={self.prompt_token_ids}, outputs={self.outputs}, finished={self.finished}, "
             f"num_cached_tokens={self.num_cached_tokens})"
         )
+
+
+@dataclass
+class PoolingOutput:
+    """The pooled output of a pooling request (vLLM's `PoolingOutput`)."""
+
+    data: list[float]
+
+
+@dataclass
+class PoolingRequestOutput:
+    """The output of a pooling request: an embedding, class probabilities or a score."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+    num_cached_tokens: int = 0
+
+    def add(self, next_output: PoolingRequestOutput, aggregate: bool) -> None:
+        """A pooling request has one output; a later one replaces it."""
+        self.outputs, self.finished = next_output.outputs, next_output.finished
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(output.request_id, EmbeddingOutput(output.outputs.data), output.prompt_token_ids, output.finished)
+
+
+@dataclass
+class ClassificationOutput:
+    probs: list[float]
+
+
+@dataclass
+class ClassificationRequestOutput:
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> ClassificationRequestOutput:
+        return cls(
+            output.request_id, ClassificationOutput(output.outputs.data), output.prompt_token_ids, output.finished
+        )
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -1,4 +1,4 @@
-"""`pagedllm bench throughput|latency|serve|startup`."""
+"""`pagedllm bench throughput|latency|serve|startup|embed`."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ _BENCHMARKS = {
     "latency": "pagedllm.benchmarks.latency",
     "serve": "pagedllm.benchmarks.serve_cmd",
     "startup": "pagedllm.benchmarks.startup",
+    "embed": "pagedllm.benchmarks.embed",
 }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve, startup.")
+    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve, startup, embed.")
     bench = parser.add_subparsers(dest="benchmark", metavar="<benchmark>", required=True)
     for module in _BENCHMARKS.values():
         importlib.import_module(module).add_parser(bench)

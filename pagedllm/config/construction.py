@@ -29,6 +29,7 @@ from pagedllm.config.construction_exotic import (
     verify_aux_output_compatibility,
 )
 from pagedllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG, apply_optimization_level_defaults
+from pagedllm.config.pooler import apply_pooling_defaults
 from pagedllm.config.quantization import QuantizationConfig, get_quantization_method
 from pagedllm.config.runner_select import validate_model_runner
 from pagedllm.config.utils import info_once, warning_once
@@ -56,9 +57,10 @@ def try_verify_and_update_config(cfg: EngineConfig) -> None:
     if mc is None or mc.config_updated:
         return
     mc.config_updated = True
+    apply_pooling_defaults(cfg)
     if mc.architecture is None:
         return
-    # pagedllm's supported architectures (Llama, Mistral, Qwen2, Qwen3) need no config hook; hybrid
+    # pagedllm's generative architectures (Llama, Mistral, Qwen2, Qwen3) need no config hook; hybrid
     # and classification adapters are rejected by the support gate.
     weights = mc.model_weights
     if weights.startswith(_OBJECT_STORAGE_PREFIXES):

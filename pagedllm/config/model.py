@@ -17,6 +17,7 @@ from pagedllm import envs
 from pagedllm.config import hf_utils
 from pagedllm.config.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
 from pagedllm.config.model_source import DEFAULT_MODEL, resolve_model_source
+from pagedllm.config.pooler import resolve_pooler_config
 from pagedllm.config.utils import config, hash_fields
 
 if TYPE_CHECKING:
@@ -139,12 +140,18 @@ class ModelConfig:
     """Return the mask of tokens the sampler could pick (sampling replay)."""
     enable_trace_replay: bool = False
     """Record decode traces for replay."""
+    runner: Literal["auto", "generate", "pooling", "draft"] = "auto"
+    """What the model runs for: "generate" text, "pooling" (embeddings, classification, scores);
+    "auto": pooling for architectures named like pooling models (BertModel, *Model,
+    *ForSequenceClassification) or when convert/pooler_config ask for it, else generate."""
     pooler_config: dict[str, Any] | None = None
-    """Pooling settings for embedding / classification models."""
+    """Pooling settings of a pooling model: `pooling_type` (CLS, MEAN, LAST), `normalize`,
+    `use_activation`, `dimensions`; unset keys come from the model (sentence-transformers' modules.json
+    and Pooling config when present). After construction: the resolved settings (None: not pooling)."""
     multimodal_config: dict[str, Any] | None = None
     """Multimodal settings (image/audio inputs)."""
     convert: Literal["auto", "none", "classify", "embed"] = "auto"
-    """Adapt a generative model for classification or embedding."""
+    """Adapt a generative model for classification or embedding ("embed": last-token pooling)."""
     model_weights: str = ""
     """Separate location of the weights (e.g. an object-storage URI)."""
 
@@ -190,6 +197,9 @@ class ModelConfig:
         self._generation_file = self._generation_config_dict()
         self.dtype = self._resolve_dtype()
         self.max_model_len = self._resolve_max_model_len()
+        self.pooler_config = resolve_pooler_config(
+            self.runner, self.convert, self.pooler_config, hf_config, source.path
+        )
 
     # -- construction helpers ---------------------------------------------------------------------
     def _resolve_dtype(self) -> torch.dtype:

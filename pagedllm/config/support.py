@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 # What the engine implements, for the error message and the docs.
 SUPPORTED = (
     "dense decoder models (Llama, Mistral, Qwen2, Qwen3) from HF safetensors directories or GGUF files; "
-    "dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
+    "pooling models (BertModel / BertForSequenceClassification encoders, and the decoders above as "
+    "last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
     "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
@@ -166,7 +167,10 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             f"cache_config.kv_offloading_backend={cc.kv_offloading_backend!r} (KV offloading)",
         ),
         (sc.scheduler_cls is not None, "scheduler_config.scheduler_cls (custom schedulers)"),
-        (sc.runner_type != "generate", f"scheduler_config.runner_type={sc.runner_type!r} (only 'generate')"),
+        (
+            sc.runner_type not in ("generate", "pooling"),
+            f"scheduler_config.runner_type={sc.runner_type!r} (only 'generate' and 'pooling')",
+        ),
         (sc.disable_chunked_mm_input, "scheduler_config.disable_chunked_mm_input (multimodal inputs)"),
         (
             sc.stream_interval != 1,
@@ -235,8 +239,8 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     if mc is not None:
         checks += [
             (mc.multimodal_config is not None, "model_config.multimodal_config (multimodal models)"),
-            (mc.pooler_config is not None, "model_config.pooler_config (pooling models)"),
-            (mc.convert not in ("auto", "none"), f"model_config.convert={mc.convert!r}"),
+            (mc.runner == "draft", "model_config.runner='draft' (draft models of speculative decoding)"),
+            (mc.convert == "classify", "model_config.convert='classify' (classification adapters)"),
             (mc.enable_prompt_embeds, "model_config.enable_prompt_embeds"),
             (mc.sleep_mode_offload_cudagraph, "model_config.sleep_mode_offload_cudagraph (sleep mode)"),
             (mc.enable_cumem_allocator, "model_config.enable_cumem_allocator (cuMem allocator)"),

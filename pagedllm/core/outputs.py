@@ -36,6 +36,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # (time.time()), like the front-end's arrival_time: time.monotonic()'s reference point is undefined,
     # so it is only comparable within one process. Sent once, with the request's first output.
     first_scheduled_time: float | None = None
+    # A pooling request's output (embedding, class probabilities or score), sent with its finish.
+    pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:

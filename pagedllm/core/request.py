@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from pagedllm.core.outputs import FinishReason
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float = 0.0
     priority: int = 0
     lora_int_id: int = 0
+    # A pooling request (embedding, classification, score): it finishes once its prompt is computed.
+    pooling_params: PoolingParams | None = None
 
 
 class RequestStatus(enum.IntEnum):
@@ -81,12 +84,14 @@ class Request:
         priority: int = 0,
         lora_int_id: int = 0,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         if not prompt_token_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
+        self.pooling_params = pooling_params
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
         self.priority = priority
@@ -138,6 +143,7 @@ class Request:
             priority=request.priority,
             lora_int_id=request.lora_int_id,
             block_hasher=block_hasher,
+            pooling_params=request.pooling_params,
         )
 
     @property

@@ -27,3 +27,5 @@ class ModelRunnerOutput:
     logprobs: list[LogprobsLists | None] = field(default_factory=list)
     # req_id -> logprobs of the prompt tokens computed this step (for prompt_logprobs requests).
     prompt_logprobs: dict[str, LogprobsLists | None] = field(default_factory=dict)
+    # req_id -> pooled output of a pooling request whose prompt was computed this step.
+    pooler_output: dict[str, list[float]] = field(default_factory=dict)

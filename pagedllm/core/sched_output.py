@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -24,6 +25,8 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     lora_int_id: int = 0
+    # Set for a pooling request: the runner returns its pooled output instead of sampling.
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass

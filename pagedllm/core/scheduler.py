@@ -106,7 +106,8 @@ class Scheduler:
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
         n = request.num_prompt_tokens
-        if n + 1 > self.max_model_len:
+        # A pooling request generates nothing: its prompt may fill the whole context.
+        if n + (request.pooling_params is None) > self.max_model_len:
             raise ValueError(
                 f"request {request.request_id!r}: the prompt has {n} tokens, but max_model_len="
                 f"{self.max_model_len} leaves room for at most {self.max_model_len - 1} prompt tokens "
@@ -291,6 +292,7 @@ class Scheduler:
                 block_ids=kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
                 lora_int_id=r.lora_int_id,
+                pooling_params=r.pooling_params,
             )
             for r in scheduled_new
         ]
@@ -407,6 +409,7 @@ class Scheduler:
         sampled = model_runner_output.sampled_token_ids
         logprobs = model_runner_output.logprobs
         prompt_logprobs = model_runner_output.prompt_logprobs
+        pooler_output = model_runner_output.pooler_output
         spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
         any_stopped = False
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -435,8 +438,13 @@ class Scheduler:
                     request.status = RequestStatus.FINISHED_STOPPED
                     stopped = True
                     break
+            pooled = pooler_output.get(req_id)
+            if pooled is not None:
+                # A pooling request is done once its prompt is computed: it generates nothing.
+                request.status = RequestStatus.FINISHED_STOPPED
+                stopped = True
             req_prompt_logprobs = prompt_logprobs.get(req_id)
-            if not (new_token_ids or req_prompt_logprobs is not None):
+            if not (new_token_ids or req_prompt_logprobs is not None or stopped):
                 continue  # mid-prefill chunk: nothing to report
             # A request with new tokens was in the runner's output, so `i` is set.
             new_logprobs = logprobs[i] if new_token_ids and i is not None and i < len(logprobs) else None
@@ -452,6 +460,7 @@ class Scheduler:
                     # Rides on the first output rather than a message of its own (a mid-prefill chunk
                     # reports nothing): queue time is only recorded once the request finishes anyway.
                     first_scheduled_time=request.take_first_scheduled_time(),
+                    pooling_output=pooled,
                 )
             )
             if stopped:

@@ -24,6 +24,7 @@ from pagedllm.metrics.loggers import LoggingStatLogger
 from pagedllm.metrics.prometheus import PrometheusStatLogger
 from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
 from pagedllm.outputs import RequestOutput
+from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -121,7 +122,11 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------------------------ requests
     async def add_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int = 0
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | PoolingParams | None,
+        priority: int = 0,
     ) -> RequestStream:
         """Validate and send a request (ValueError naming the problem if it is invalid)."""
         self._raise_if_dead()

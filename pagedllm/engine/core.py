@@ -53,6 +53,7 @@ class EngineCore(EngineCoreOps):
             self.model_executor.shutdown()
             raise
         self._vocab_size: int = engine_config.model_config.get_vocab_size()
+        self._pooling = engine_config.model_config.pooler_config is not None
         # The drafter stage runs only when a speculative method is configured.
         self._use_spec_decode = engine_config.speculative_config is not None
         # Requests refused at admission, reported (once) by the next step().
@@ -67,10 +68,13 @@ class EngineCore(EngineCoreOps):
         # Every worker holds the same layers (no pipeline stages yet): rank 0's spec speaks for all.
         spec: KVCacheSpec = rpc("get_kv_cache_spec")[0]
         override = cache_config.num_gpu_blocks_override
+        max_model_len = cfg.model_config.max_model_len
+        if spec.num_layers == 0 and override is None:
+            # No KV tensors (an encoder): blocks cost nothing, so every sequence may be at full length.
+            override = cfg.scheduler_config.max_num_seqs * -(-max_model_len // spec.block_size)
         # With an explicit block count there is nothing to measure (and no profiling forward to run).
         budget = 0 if override is not None else min(rpc("determine_available_kv_cache_bytes"))
         num_blocks = num_blocks_from_budget(budget, spec.bytes_per_block, override)
-        max_model_len = cfg.model_config.max_model_len
         check_num_blocks(num_blocks, spec.block_size, max_model_len, spec.bytes_per_block)
         cache_config.num_gpu_blocks = num_blocks
         rpc("initialize_kv_cache", args=(num_blocks,))
@@ -95,6 +99,8 @@ class EngineCore(EngineCoreOps):
             # What would otherwise fail inside the forward (and take every other request down with
             # it); the front-end checks the same, this guards clients that talk to the core directly.
             validate_prompt_token_ids(request.prompt_token_ids, self._vocab_size)
+            if (request.pooling_params is not None) != self._pooling:
+                raise ValueError("pooling requests need a pooling model, and a pooling model serves no others")
             core_request = Request.from_engine_core_request(request, self.block_hasher)
             constraint = request.sampling_params.structured_outputs
             if constraint is not None:

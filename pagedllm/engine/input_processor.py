@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, Protocol, TypedDict
 
 from pagedllm.engine.protocol import EngineCoreRequest
-from pagedllm.sampling_params import SamplingParams
+from pagedllm.pooling_params import PoolingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.structured_output.backends import apply_engine_config
 from pagedllm.structured_output.params import StructuredOutputsParams
 
@@ -59,6 +60,8 @@ class _ModelConfig(Protocol):
 
     def get_vocab_size(self) -> int: ...
 
+    def get_hidden_size(self) -> int: ...
+
     def get_diff_sampling_param(self) -> dict[str, Any]: ...
 
     @property
@@ -84,6 +87,9 @@ class InputProcessor:
         self.max_model_len = int(model_config.max_model_len)
         self.max_logprobs = int(model_config.max_logprobs)
         self.vocab_size = int(model_config.get_vocab_size())
+        # A pooling model's resolved pooler config (None: a generative model).
+        self.pooler_config: dict[str, Any] | None = getattr(model_config, "pooler_config", None)
+        self.hidden_size: int = int(model_config.get_hidden_size()) if self.pooler_config is not None else 0
         # Sampling defaults from generation_config.json; extra EOS ids (e.g. Llama 3's <|eot_id|>) ride
         # along so SamplingParams turns them into stop token ids.
         self.generation_config: dict[str, Any] = dict(model_config.get_diff_sampling_param())
@@ -132,23 +138,48 @@ class InputProcessor:
         self,
         request_id: str,
         prompt: PromptType,
-        params: SamplingParams | None,
+        params: SamplingParams | PoolingParams | None,
         arrival_time: float | None = None,
         priority: int = 0,
     ) -> tuple[EngineCoreRequest, str | None]:
-        """Validate and build the core request; returns it with the prompt text (for the outputs)."""
+        """Validate and build the core request; returns it with the prompt text (for the outputs).
+        `PoolingParams` make a pooling request (a pooling model only)."""
         prompt_token_ids, prompt_text = self.tokenize_prompt(prompt)
         validate_prompt_token_ids(prompt_token_ids, self.vocab_size)
-        params = self.prepare_params(params, len(prompt_token_ids))
+        pooling = params if isinstance(params, PoolingParams) else None
+        if pooling is not None:
+            sampling = self._prepare_pooling(pooling, len(prompt_token_ids))
+        else:
+            if self.pooler_config is not None:
+                raise ValueError(
+                    "this model is a pooling model: it serves "
+                    f"{', '.join(self.pooler_config['tasks'])} requests, not text generation"
+                )
+            sampling = self.prepare_params(params, len(prompt_token_ids))  # type: ignore[arg-type]
         request = EngineCoreRequest(
             request_id=request_id,
             prompt_token_ids=prompt_token_ids,
-            sampling_params=params,
+            sampling_params=sampling,
             eos_token_id=self.eos_token_id,
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
+            pooling_params=pooling,
         )
         return request, prompt_text
+
+    def _prepare_pooling(self, params: PoolingParams, num_prompt_tokens: int) -> SamplingParams:
+        """Check a pooling request; returns the sampling params it travels with (one final output)."""
+        if self.pooler_config is None:
+            raise ValueError(f"task={params.task!r} needs a pooling model; this model generates text")
+        params.verify(self.pooler_config, self.hidden_size, num_prompt_tokens)
+        if num_prompt_tokens > self.max_model_len:
+            raise ValueError(
+                f"The prompt has {num_prompt_tokens} tokens, more than the maximum model length of "
+                f"{self.max_model_len} tokens: shorten the input"
+            )
+        sampling = SamplingParams(max_tokens=1, detokenize=False)
+        sampling.output_kind = RequestOutputKind.FINAL_ONLY
+        return sampling
 
     def prepare_params(self, params: SamplingParams | None, num_prompt_tokens: int) -> SamplingParams:
         """A per-request copy of ``params`` with model defaults, EOS, bad words and max_tokens resolved."""

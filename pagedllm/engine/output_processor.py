@@ -26,6 +26,8 @@ from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, Engine
 from pagedllm.outputs import (
     CompletionOutput,
     Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
     PromptLogprobs,
     RequestMetrics,
     RequestOutput,
@@ -81,7 +83,7 @@ class RequestOutputCollector:
 
 @dataclass
 class OutputProcessorOutput:
-    request_outputs: list[RequestOutput] = field(default_factory=list)
+    request_outputs: list[RequestOutput | PoolingRequestOutput] = field(default_factory=list)
     # Core request ids that a stop string finished: the caller must abort them in the core.
     reqs_to_abort: list[str] = field(default_factory=list)
     # User request id -> message, for requests the core rejected (EngineCoreOutputs.errors).
@@ -155,6 +157,8 @@ class RequestState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.metrics = RequestMetrics(arrival_time=request.arrival_time)
+        self.is_pooling = request.pooling_params is not None
+        self.pooling_output: list[float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -163,6 +167,8 @@ class RequestState:
     def update(self, output: EngineCoreOutput, now: float) -> bool:
         """Apply one core output; True when a stop string ended the request here (abort it in the core)."""
         new_ids = output.new_token_ids
+        if output.pooling_output is not None:
+            self.pooling_output = output.pooling_output
         self.num_cached_tokens = max(self.num_cached_tokens, output.num_cached_tokens)
         if output.first_scheduled_time is not None and self.metrics.first_scheduled_time is None:
             self.metrics.first_scheduled_time = output.first_scheduled_time
@@ -437,7 +443,15 @@ class OutputProcessor:
         return result
 
     @staticmethod
-    def _make_output(state: RequestState, completion: CompletionOutput) -> RequestOutput:
+    def _make_output(
+        state: RequestState, completion: CompletionOutput
+    ) -> RequestOutput | PoolingRequestOutput:
+        if state.is_pooling:
+            # An aborted pooling request has no output: its data stays empty.
+            data = state.pooling_output if state.pooling_output is not None else []
+            return PoolingRequestOutput(
+                state.request_id, PoolingOutput(data), state.prompt_token_ids, state.finished
+            )
         return RequestOutput(
             request_id=state.request_id,
             prompt=state.prompt,
@@ -450,7 +464,9 @@ class OutputProcessor:
         )
 
     @staticmethod
-    def _emit(result: OutputProcessorOutput, sink: OutputSink | None, output: RequestOutput) -> None:
+    def _emit(
+        result: OutputProcessorOutput, sink: OutputSink | None, output: RequestOutput | PoolingRequestOutput
+    ) -> None:
         if sink is None:
             result.request_outputs.append(output)
         else:

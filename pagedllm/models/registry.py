@@ -14,6 +14,11 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("pagedllm.models.mistral", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("pagedllm.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("pagedllm.models.qwen3", "Qwen3ForCausalLM"),
+    "BertModel": ("pagedllm.models.bert", "BertModel"),
+    "BertForSequenceClassification": ("pagedllm.models.bert", "BertForSequenceClassification"),
+    "LlamaModel": ("pagedllm.models.decoder_embedding", "LlamaModel"),
+    "Qwen2Model": ("pagedllm.models.decoder_embedding", "Qwen2Model"),
+    "Qwen3Model": ("pagedllm.models.decoder_embedding", "Qwen3Model"),
 }
 
 

@@ -9,6 +9,7 @@ complete after this step (a mid-prefill chunk samples nothing), and for the draf
 verifying drafts (`cu_num_logits` counts the rows per request) - steps 1-4 are `execute_model` - then
 `sample_tokens` (5) samples, under the grammar bitmask once structured outputs exist, computes prompt
 logprobs, and records the new tokens in its own state (the scheduler never sends generated tokens back).
+A pooling model pools each computed prompt instead of steps 4-5 (`worker/pooling.py`).
 
 The only host syncs per step are the ones that read the sampled ids (and logprobs, when asked).
 """
@@ -35,6 +36,7 @@ from pagedllm.attention import (
     bind_kv_cache,
     get_attn_backend,
 )
+from pagedllm.attention.encoder import EncoderOnlyMetadataBuilder
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
@@ -54,6 +56,7 @@ from pagedllm.worker.kv_cache import (
     profile_cuda_kv_cache_budget,
     resolve_cache_dtype,
 )
+from pagedllm.worker.pooling import PoolingRunner
 from pagedllm.worker.prompt_logprobs import PromptLogprobs
 from pagedllm.worker.staged_buffer import StagedBuffer
 
@@ -83,6 +86,8 @@ class _ExecuteState:
     # [len(sample_idx) + 1] cumulative logits rows per sampling request (0 first): 1 per request, 1 + k
     # for a request verifying k drafts.
     cu_num_logits: np.ndarray
+    # A pooling model's outputs of the step (req_id -> pooled vector).
+    pooled: dict[str, list[float]] | None = None
 
 
 class ModelRunner:
@@ -109,6 +114,8 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs(self.device)
         self.model: nn.Module | None = None
+        # Set for a pooling model: it pools each finished prompt instead of sampling.
+        self.pooling: PoolingRunner | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
         self.batch_invariant: bool = bool(envs.PAGEDLLM_BATCH_INVARIANT)
@@ -136,7 +143,12 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
-        self._forward = self.model if self.batch_invariant else self._build_forward(self.model)
+        if self.model_config.pooler_config is not None:
+            self.pooling = PoolingRunner(self.model, self.model_config.pooler_config)
+        # A pooling model runs eagerly: its steps are whole prompts, which the compiled shape classes
+        # (built around decodes) do not serve.
+        eager = self.batch_invariant or self.pooling is not None
+        self._forward = self.model if eager else self._build_forward(self.model)
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -176,6 +188,11 @@ class ModelRunner:
 
     def get_kv_cache_spec(self) -> KVCacheSpec:
         layers = attention_layers(self._require_model())
+        if not layers and self.pooling is not None:
+            # An encoder keeps no KV cache: blocks are the scheduler's bookkeeping only (0 bytes each).
+            return KVCacheSpec(
+                block_size=self.block_size, num_kv_heads=[], head_size=[], dtype=self.kv_cache_dtype
+            )
         if not layers:
             raise RuntimeError(f"{type(self.model).__name__} has no attention layers to give a KV cache")
         return KVCacheSpec(
@@ -209,6 +226,8 @@ class ModelRunner:
         positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
         with set_forward_context(None):
             hidden = self._run_forward(ids, positions)
+        if self.pooling is not None:
+            return
         rows = min(self.max_num_reqs, n)
         logits = model.compute_logits(hidden[-rows:])
         logits.argmax(dim=-1)
@@ -231,8 +250,10 @@ class ModelRunner:
         ]
         bind_kv_cache(model, self.kv_caches)
         compiled = isinstance(self._forward, CompiledForward)
-        self.attn_metadata_builder: AttentionMetadataBuilder = backend.get_builder_cls()(
-            attention_layers(model).values(), self.dtype, self.device, compiled
+        layers = attention_layers(model)
+        builder_cls = backend.get_builder_cls() if layers else EncoderOnlyMetadataBuilder
+        self.attn_metadata_builder: AttentionMetadataBuilder = builder_cls(
+            layers.values(), self.dtype, self.device, compiled
         )
         self.num_blocks = num_blocks
 
@@ -272,10 +293,14 @@ class ModelRunner:
             batch.remove_request(req_id)
             self.generators.pop(req_id, None)
             self.prompt_logprobs.forget(req_id)
+            if self.pooling is not None:
+                self.pooling.forget(req_id)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)
         for new in so.scheduled_new_reqs:
             batch.add_request(new)
+            if self.pooling is not None:
+                self.pooling.add_request(new, batch)
             params = new.sampling_params
             if params.seed is not None and not params.is_greedy and new.req_id not in self.generators:
                 self.generators[new.req_id] = make_generator(params.seed, self.device)
@@ -407,6 +432,11 @@ class ModelRunner:
         inputs = self._prepare_inputs(so)
         with self._numerics(), set_forward_context(inputs.attn_metadata):
             hidden = self._run_forward(inputs.input_ids, inputs.positions)
+        if self.pooling is not None:
+            computed = self.input_batch.num_computed_tokens[inputs.rows]
+            pooled = self.pooling.pool(hidden, inputs.req_ids, inputs.query_start_loc, computed)
+            self.execute_state = _ExecuteState(inputs, hidden, None, self._arange[:1].copy(), pooled)
+            return
         logits = None
         cu_num_logits = self._logits_rows(inputs, drafts)
         num_rows = int(cu_num_logits[-1])
@@ -448,6 +478,7 @@ class ModelRunner:
             sampled_token_ids=sampled_token_ids,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            pooler_output=state.pooled or {},
         )
 
     def _numerics(self) -> contextlib.AbstractContextManager[object]:

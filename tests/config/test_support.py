@@ -94,7 +94,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
         ({"cache_config": CacheConfig(replayssm_buffer_len=16)}, "replayssm_buffer_len"),
         ({"cache_config": CacheConfig(kv_offloading_backend="lmcache")}, "kv_offloading_backend"),
         ({"scheduler_config": SchedulerConfig(stream_interval=4)}, "stream_interval"),
-        ({"scheduler_config": SchedulerConfig(runner_type="pooling")}, "runner_type"),
         ({"scheduler_config": SchedulerConfig(disable_chunked_mm_input=True)}, "disable_chunked_mm_input"),
         (
             {"structured_outputs_config": StructuredOutputsConfig(backend="lm-format-enforcer")},
@@ -173,9 +172,18 @@ def test_consistency_errors_kept_when_gate_lifted_or_nothing_unsupported() -> No
     assert "does not support" not in str(info.value)
 
 
+def test_scheduler_runner_follows_the_model() -> None:
+    cfg = EngineConfig(model_config=ModelConfig(), scheduler_config=SchedulerConfig(runner_type="pooling"))
+    assert cfg.scheduler_config.runner_type == "generate"
+    with pytest.raises(ValueError, match="scheduler_config.runner_type='draft'"):
+        EngineConfig(model_config=None, scheduler_config=SchedulerConfig(runner_type="draft"))
+
+
 def test_unsupported_model_features() -> None:
-    with pytest.raises(ValueError, match="model_config.pooler_config"):
-        EngineConfig(model_config=ModelConfig(pooler_config={}))
+    with pytest.raises(ValueError, match="model_config.runner='draft'"):
+        EngineConfig(model_config=ModelConfig(runner="draft"))
+    with pytest.raises(ValueError, match="convert='classify' is not supported"):
+        EngineConfig(model_config=ModelConfig(convert="classify"))
     with pytest.raises(ValueError, match="model_config.sleep_mode_offload_cudagraph"):
         EngineConfig(model_config=ModelConfig(enable_sleep_mode=True, sleep_mode_offload_cudagraph=True))
 

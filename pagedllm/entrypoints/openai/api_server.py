@@ -46,6 +46,7 @@ from pagedllm.entrypoints.openai.protocol import (
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, add_pooling_routes
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.serving_tools import ToolCallingConfig, load_tool_calling_config
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
@@ -103,6 +104,7 @@ def build_app(
     completions = OpenAIServingCompletion(engine, models, prompts, max_n, log_requests)
     chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, log_requests, tool_calling)
     tokenization = OpenAIServingTokenization(engine, models, prompts, chat_template)
+    pooling = OpenAIServingPooling(engine, models, prompts)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
@@ -155,13 +157,19 @@ def build_app(
     async def list_models() -> JSONResponse:
         return JSONResponse(models.list_models().model_dump())
 
-    @app.post("/v1/completions")
-    async def create_completion(request: CompletionRequest, raw: Request) -> Any:
-        return await _respond(raw, completions.create(request))
+    # As vLLM: a model serves the endpoints of its runner only; the others answer 404.
+    if engine.model_config.pooler_config is None:
 
-    @app.post("/v1/chat/completions")
-    async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Any:
-        return await _respond(raw, chat.create(request))
+        @app.post("/v1/completions")
+        async def create_completion(request: CompletionRequest, raw: Request) -> Any:
+            return await _respond(raw, completions.create(request))
+
+        @app.post("/v1/chat/completions")
+        async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Any:
+            return await _respond(raw, chat.create(request))
+
+    else:
+        add_pooling_routes(app, pooling, _respond)
 
     @app.post("/tokenize")
     async def tokenize(body: Annotated[dict[str, Any], Body()]) -> JSONResponse:

@@ -1,0 +1,175 @@
+"""The pooling endpoints end to end: real servers on tiny random BERT models (an embedding model with
+sentence-transformers' modules, and a cross-encoder), the official openai client, and references from
+sentence-transformers / transformers on the same weights."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import torch
+from remote_server import RemoteServer
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from tiny_pooling_models import make_tiny_bert, make_tiny_cross_encoder  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SENTENCES = ["the quick brown fox jumps over the lazy dog", "hello world", "a cat sat on the mat"]
+POOLING_ARGS = ["--max-model-len", "128", "--max-num-seqs", "8", "--served-model-name", "tiny"]
+
+
+@pytest.fixture(scope="module")
+def embed_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bert-embed")
+    make_tiny_bert(path, pooling="mean", normalize=True, seed=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def embed_server(embed_model: Path) -> Iterator[RemoteServer]:
+    remote = RemoteServer(extra_args=["--model", str(embed_model), *POOLING_ARGS])
+    try:
+        yield remote
+    finally:
+        remote.kill()
+
+
+@pytest.fixture(scope="module")
+def client(embed_server: RemoteServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{embed_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def reference(embed_model: Path) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(embed_model), device="cpu").encode(SENTENCES)
+
+
+def _cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    return (got * expected).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(expected, axis=-1))
+
+
+def test_embeddings_float_and_base64_match_sentence_transformers(
+    client: openai.OpenAI, reference: np.ndarray
+) -> None:
+    floats = client.embeddings.create(model="tiny", input=SENTENCES, encoding_format="float")
+    assert [d.index for d in floats.data] == [0, 1, 2]
+    got = np.array([d.embedding for d in floats.data])
+    assert np.all(_cosines(got, reference) > 0.9999)
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > len(SENTENCES)
+    # The client asks for base64 by default and decodes it itself.
+    default = client.embeddings.create(model="tiny", input=SENTENCES)
+    np.testing.assert_allclose(np.array([d.embedding for d in default.data]), got, atol=1e-6)
+
+
+def test_embeddings_token_ids_and_single_string(
+    embed_server: RemoteServer, client: openai.OpenAI, embed_model: Path, reference: np.ndarray
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(embed_model)
+    ids = [tokenizer.encode(s) for s in SENTENCES]
+    by_ids = client.embeddings.create(model="tiny", input=ids, encoding_format="float")
+    assert np.all(_cosines(np.array([d.embedding for d in by_ids.data]), reference) > 0.9999)
+    one = client.embeddings.create(model="tiny", input=ids[1], encoding_format="float")
+    assert len(one.data) == 1 and one.usage.prompt_tokens == len(ids[1])
+    text = client.embeddings.create(model="tiny", input=SENTENCES[2], encoding_format="float")
+    assert _cosines(np.array(text.data[0].embedding), reference[2]) > 0.9999
+
+
+def test_embeddings_dimensions(
+    embed_server: RemoteServer, client: openai.OpenAI, reference: np.ndarray
+) -> None:
+    cut = client.embeddings.create(model="tiny", input=SENTENCES, dimensions=16, encoding_format="float")
+    got = np.array([d.embedding for d in cut.data])
+    expected = reference[:, :16] / np.linalg.norm(reference[:, :16], axis=-1, keepdims=True)
+    np.testing.assert_allclose(got, expected, atol=1e-4)
+    raw = httpx.post(
+        f"{embed_server.url}/v1/embeddings",
+        json={"input": SENTENCES[0], "dimensions": 8, "encoding_format": "base64"},
+        timeout=60,
+    ).json()
+    decoded = np.frombuffer(base64.b64decode(raw["data"][0]["embedding"]), dtype="<f4")
+    assert decoded.shape == (8,) and abs(np.linalg.norm(decoded) - 1) < 1e-5
+
+
+def test_pooling_and_score_on_embedding_model(embed_server: RemoteServer, reference: np.ndarray) -> None:
+    pooled = httpx.post(f"{embed_server.url}/pooling", json={"input": SENTENCES}, timeout=60).json()
+    assert [d["object"] for d in pooled["data"]] == ["pooling"] * 3
+    assert np.all(_cosines(np.array([d["data"] for d in pooled["data"]]), reference) > 0.9999)
+    score = httpx.post(
+        f"{embed_server.url}/v1/score", json={"text_1": SENTENCES[0], "text_2": SENTENCES[1:]}, timeout=60
+    ).json()
+    expected = _cosines(reference[1:], reference[0:1])
+    np.testing.assert_allclose([d["score"] for d in score["data"]], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": "hello", "dimensions": 65}, "dimensions"),
+        ({"input": [], "encoding_format": "float"}, "input"),
+        ({"input": [[5, 999999]]}, "input"),
+        ({"input": "hello", "encoding_format": "hex"}, "encoding_format"),
+        ({"input": " ".join(["hello"] * 200)}, "input"),
+        ({"input": "hello", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ],
+)
+def test_embeddings_bad_input_400(embed_server: RemoteServer, body: dict, param: str) -> None:
+    response = httpx.post(f"{embed_server.url}/v1/embeddings", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "BadRequestError"
+
+
+def test_generation_routes_404_on_pooling_model(embed_server: RemoteServer, client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="tiny", prompt="hello", max_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="other", input="hello")
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
+    path = tmp_path_factory.mktemp("cross-encoder")
+    return path, make_tiny_cross_encoder(path, seed=2)
+
+
+def test_score_and_rerank_with_cross_encoder(cross_encoder: tuple[Path, torch.nn.Module]) -> None:
+    path, hf = cross_encoder
+    query = "what is paged attention?"
+    documents = ["a cat sat on the mat", "it stores keys and values in blocks", "hello world"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        batch = tokenizer([query] * 3, documents, padding=True, return_tensors="pt")
+        expected = torch.sigmoid(hf(**batch).logits[:, 0]).numpy()
+    remote = RemoteServer(extra_args=["--model", str(path), *POOLING_ARGS])
+    try:
+        for route in ("/score", "/v1/score"):
+            body = httpx.post(f"{remote.url}{route}", json={"text_1": query, "text_2": documents}, timeout=60)
+            assert body.status_code == 200, body.text
+            np.testing.assert_allclose([d["score"] for d in body.json()["data"]], expected, atol=1e-5)
+        for route in ("/rerank", "/v1/rerank"):
+            body = httpx.post(
+                f"{remote.url}{route}", json={"query": query, "documents": documents, "top_n": 2}, timeout=60
+            ).json()
+            order = list(np.argsort(-expected)[:2])
+            assert [r["index"] for r in body["results"]] == order
+            assert [r["document"]["text"] for r in body["results"]] == [documents[i] for i in order]
+            np.testing.assert_allclose(
+                [r["relevance_score"] for r in body["results"]], expected[order], atol=1e-5
+            )
+        # A cross-encoder has no embeddings; an unknown pairing is a 400 naming the field.
+        response = httpx.post(f"{remote.url}/v1/embeddings", json={"input": "hello"}, timeout=60)
+        assert response.status_code == 400 and "Embeddings API" in response.json()["error"]["message"]
+        response = httpx.post(f"{remote.url}/score", json={"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
+        assert response.status_code == 400 and response.json()["error"]["param"] == "text_2"
+    finally:
+        remote.kill()
