@@ -14,6 +14,11 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("pagedllm.models.mistral", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("pagedllm.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("pagedllm.models.qwen3", "Qwen3ForCausalLM"),
+    "Gemma2ForCausalLM": ("pagedllm.models.gemma2", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("pagedllm.models.gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("pagedllm.models.phi3", "Phi3ForCausalLM"),
+    "Olmo2ForCausalLM": ("pagedllm.models.olmo2", "Olmo2ForCausalLM"),
+    "GraniteForCausalLM": ("pagedllm.models.granite", "GraniteForCausalLM"),
 }
 
 

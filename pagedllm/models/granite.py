@@ -1,0 +1,72 @@
+"""IBM Granite (3.x dense): the Llama architecture with four scalars from the config: embeddings
+times `embedding_multiplier`, attention scores scaled by `attention_multiplier` (not head_dim^-0.5),
+each block's attention and MLP outputs times `residual_multiplier` before the residual add, and the
+logits divided by `logits_scaling`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.models.interfaces import NativeDecoder
+from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+
+if TYPE_CHECKING:
+    from pagedllm.config.quantization import QuantizationConfig
+
+
+class GraniteDecoderLayer(LlamaDecoderLayer):
+    def __init__(
+        self,
+        config: Any,
+        prefix: str,
+        rotary_emb: RotaryEmbedding,
+        quant_config: QuantizationConfig | None = None,
+        **attn_options: Any,
+    ) -> None:
+        super().__init__(config, prefix, rotary_emb, quant_config, **attn_options)
+        self.residual_multiplier = float(config.residual_multiplier)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states) * self.residual_multiplier
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states) * self.residual_multiplier, residual
+
+
+class GraniteForCausalLM(LlamaForCausalLM):
+    def __init__(self, config: Any, quant_config: QuantizationConfig | None = None) -> None:
+        super().__init__(config, quant_config)
+        self.logits_scaling = float(config.logits_scaling)
+
+    @classmethod
+    def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
+        return LlamaModel(
+            config,
+            "model",
+            cls.attention_options(config),
+            quant_config,
+            layer_cls=GraniteDecoderLayer,
+            embed_scale=float(config.embedding_multiplier),
+        )
+
+    @classmethod
+    def attention_options(cls, config: Any) -> dict[str, Any]:
+        options = super().attention_options(config)
+        options["scale"] = float(config.attention_multiplier)
+        return options
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return super().compute_logits(hidden_states) / self.logits_scaling
+
+    def native_decoder(self) -> NativeDecoder | None:
+        return None  # the native path has no multipliers

@@ -1,0 +1,78 @@
+"""OLMo 2: no pre-norms; each block's attention and MLP outputs are normalized before the residual add
+(`post_attention_layernorm`, `post_feedforward_layernorm`), q and k are RMS-normalized over the whole
+projection (all heads at once) before rotary, and every norm applies its weight in float32."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from pagedllm.layers.norm import RMSNorm
+from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.models.interfaces import NativeDecoder
+from pagedllm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+
+if TYPE_CHECKING:
+    from pagedllm.config.quantization import QuantizationConfig
+
+Olmo2RMSNorm = functools.partial(RMSNorm, scale_in_float32=True)
+
+
+class Olmo2DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: Any,
+        prefix: str,
+        rotary_emb: RotaryEmbedding,
+        quant_config: QuantizationConfig | None = None,
+        **attn_options: Any,
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(
+            config, f"{prefix}.self_attn", rotary_emb, quant_config=quant_config, **attn_options
+        )
+        self.mlp = LlamaMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            config.hidden_act,
+            False,
+            quant_config,
+            f"{prefix}.mlp",
+        )
+        self.post_attention_layernorm = Olmo2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_feedforward_layernorm = Olmo2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns `(mlp_out, residual)` whose sum is the block's output (the next block, or the final
+        norm, adds them), as the Llama blocks do."""
+        if residual is not None:
+            hidden_states = hidden_states + residual
+        residual = hidden_states + self.post_attention_layernorm(self.self_attn(positions, hidden_states))
+        return self.post_feedforward_layernorm(self.mlp(residual)), residual
+
+
+class Olmo2ForCausalLM(LlamaForCausalLM):
+    @classmethod
+    def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
+        return LlamaModel(
+            config,
+            "model",
+            cls.attention_options(config),
+            quant_config,
+            layer_cls=Olmo2DecoderLayer,
+            norm_cls=Olmo2RMSNorm,
+        )
+
+    @classmethod
+    def attention_options(cls, config: Any) -> dict[str, Any]:
+        options = super().attention_options(config)
+        options.update(qk_norm=True, qk_norm_whole=True, norm_cls=Olmo2RMSNorm)
+        return options
+
+    def native_decoder(self) -> NativeDecoder | None:
+        return None  # the native path has pre-norm blocks only
