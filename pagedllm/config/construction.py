@@ -58,7 +58,7 @@ def try_verify_and_update_config(cfg: EngineConfig) -> None:
     mc.config_updated = True
     if mc.architecture is None:
         return
-    # pagedllm's supported architectures (Llama, Mistral, Qwen2, Qwen3) need no config hook; hybrid
+    # pagedllm's supported architectures (models/registry.py) need no config hook; hybrid
     # and classification adapters are rejected by the support gate.
     weights = mc.model_weights
     if weights.startswith(_OBJECT_STORAGE_PREFIXES):
