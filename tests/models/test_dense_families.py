@@ -15,6 +15,7 @@ from dense_families import FAMILIES, VOCAB, make_family_model
 from transformers import PreTrainedModel
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.forward_context import set_forward_context
 from pagedllm.models import load_model
 from pagedllm.models.registry import supported_architectures
 
@@ -87,3 +88,23 @@ def test_greedy_generate_matches_hf(family: tuple[PreTrainedModel, Path]) -> Non
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
         assert output.outputs[0].token_ids == _hf_greedy(hf, prompt, 16)
+
+
+def test_forward_traces_as_one_graph(family: tuple[PreTrainedModel, Path]) -> None:
+    """torch.compile sees the whole forward (and the logits with their soft cap or scaling) with no
+    graph break, and the traced model gives HF's logits on a mixed step."""
+    hf, path = family
+    ours = load_model(hf.config, path)
+    forward = torch.compile(ours, backend="eager", fullgraph=True, dynamic=True)
+    logits_fn = torch.compile(ours.compute_logits, backend="eager", fullgraph=True)
+    prompt = _tokens(45, 9)
+    ref = _reference(hf, prompt)
+    batch = PagedBatch.for_model(ours)
+    batch.run(ours, [("x", prompt[:33])])
+    chunks = [("x", prompt[33:34]), ("y", prompt[:12])]
+    positions, md = batch.metadata([(r, len(t)) for r, t in chunks])
+    ids = torch.tensor([t for _, toks in chunks for t in toks])
+    with torch.no_grad(), set_forward_context(md):
+        logits = logits_fn(forward(ids, positions))
+    torch.testing.assert_close(logits[0], ref[33], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits[1:], ref[:12], atol=ATOL, rtol=0)
