@@ -162,6 +162,15 @@ _GGUF_CONFIGS: dict[str, tuple[str, str]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+}
+# Granite's multipliers: GGUF key suffix -> config attribute.
+_GRANITE_KEYS = {
+    "embedding_scale": "embedding_multiplier",
+    "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier",
+    "logit_scale": "logits_scaling",
 }
 
 # GGUF key suffix (after "<arch>.") -> transformers config attribute, per model type.
@@ -208,7 +217,7 @@ def gguf_model_type(header: GGUFHeader) -> str:
 
 
 def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
-    """The transformers config (Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3) described by a GGUF header."""
+    """The transformers config (of `SUPPORTED_GGUF_ARCHITECTURES`) described by a GGUF header."""
     meta = header.metadata
     arch = meta["general.architecture"]
     model_type = gguf_model_type(header)
@@ -251,6 +260,12 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         kwargs["sliding_window"] = sliding
     if model_type in ("gemma2", "gemma3"):
         _gemma_kwargs(model_type, meta, kwargs)
+    if model_type == "granite":
+        kwargs |= {
+            attr: float(meta[f"{arch}.{key}"])
+            for key, attr in _GRANITE_KEYS.items()
+            if f"{arch}.{key}" in meta
+        }
     # As transformers decides: no separate output projection in the file -> tied embeddings.
     kwargs["tie_word_embeddings"] = "output.weight" not in header.tensor_names
     config = getattr(transformers, config_name)(**kwargs)

@@ -31,6 +31,8 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
@@ -74,11 +76,16 @@ _ARCH_PER_BLOCK = {
     }
     for arch in ("gemma2", "gemma3")
 }
+# OLMo 2 has only the post-norms (and q/k norms over the whole projection, under the usual names).
+_ARCH_PER_BLOCK["olmo2"] = _PER_BLOCK | {
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 # Architectures whose norm weights llama.cpp's converter stores plus one (Gemma's `1 + weight`
 # norms), undone here as transformers' GGUF loader does.
 _NORM_SHIFTED_ARCHS = {"gemma2", "gemma3"}
 # Architectures whose q/k rows llama.cpp's converter permutes.
-_PERMUTED_ARCHS = {"llama", "mistral"}
+_PERMUTED_ARCHS = {"llama", "mistral", "granite"}
 # Tables that are not weights of an HF module: llama.cpp's converter stores llama3 rope scaling as
 # per-frequency divisors (and writes no rope scaling metadata), applied by `apply_rope_freq_factors`.
 _ROPE_FREQS = "rope_freqs.weight"
