@@ -16,7 +16,7 @@ from pagedllm.layers.embedding import VocabParallelEmbedding
 from pagedllm.layers.norm import GemmaRMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.interfaces import NativeDecoder
-from pagedllm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, build_rope
+from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, build_rope
 
 if TYPE_CHECKING:
     from pagedllm.config.quantization import QuantizationConfig
@@ -35,42 +35,19 @@ def layer_types(config: Any) -> list[str]:
     return list(types)
 
 
-class GemmaDecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: Any,
-        prefix: str,
-        rotary_emb: RotaryEmbedding,
-        quant_config: QuantizationConfig | None = None,
-        **attn_options: Any,
-    ) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(
-            config, f"{prefix}.self_attn", rotary_emb, quant_config=quant_config, **attn_options
-        )
-        self.mlp = LlamaMLP(
-            config.hidden_size,
-            config.intermediate_size,
-            config.hidden_activation,
-            False,
-            quant_config,
-            f"{prefix}.mlp",
-        )
-        hidden, eps = config.hidden_size, config.rms_norm_eps
-        self.input_layernorm = GemmaRMSNorm(hidden, eps=eps)
-        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps=eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps=eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps=eps)
+class GemmaDecoderLayer(LlamaDecoderLayer):
+    norm_cls = GemmaRMSNorm
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.pre_feedforward_layernorm = self.make_norm(config)
+        self.post_feedforward_layernorm = self.make_norm(config)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns `(mlp_out, residual)` whose sum is the block's output, as the Llama blocks do."""
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.input_norm(hidden_states, residual)
         hidden_states = self.post_attention_layernorm(self.self_attn(positions, hidden_states))
         hidden_states, residual = self.pre_feedforward_layernorm(hidden_states, residual)
         return self.post_feedforward_layernorm(self.mlp(hidden_states)), residual

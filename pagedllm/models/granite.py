@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.interfaces import NativeDecoder
 from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
@@ -19,25 +18,14 @@ if TYPE_CHECKING:
 
 
 class GraniteDecoderLayer(LlamaDecoderLayer):
-    def __init__(
-        self,
-        config: Any,
-        prefix: str,
-        rotary_emb: RotaryEmbedding,
-        quant_config: QuantizationConfig | None = None,
-        **attn_options: Any,
-    ) -> None:
-        super().__init__(config, prefix, rotary_emb, quant_config, **attn_options)
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
         self.residual_multiplier = float(config.residual_multiplier)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.input_norm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states) * self.residual_multiplier
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states) * self.residual_multiplier, residual

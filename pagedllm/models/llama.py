@@ -149,6 +149,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; other families' blocks subclass it (their own norms and
+    forward, the same attention, MLP and weight names)."""
+
+    # The norms of the block (OLMo 2 and Gemma have variants).
+    norm_cls: ClassVar[Callable[..., RMSNorm]] = RMSNorm
+
     def __init__(
         self,
         config: Any,
@@ -164,22 +170,30 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
-            config.hidden_act,
+            # Gemma names it `hidden_activation`.
+            getattr(config, "hidden_activation", None) or config.hidden_act,
             bool(getattr(config, "mlp_bias", False)),
             quant_config,
             f"{prefix}.mlp",
         )
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = self.make_norm(config)
+        self.post_attention_layernorm = self.make_norm(config)
+
+    def make_norm(self, config: Any) -> RMSNorm:
+        return self.norm_cls(config.hidden_size, eps=config.rms_norm_eps)
+
+    def input_norm(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(input_layernorm(hidden + residual), hidden + residual)`; the first layer has no residual."""
+        if residual is None:
+            return self.input_layernorm(hidden_states), hidden_states  # type: ignore[return-value]
+        return self.input_layernorm(hidden_states, residual)  # type: ignore[return-value]
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.input_norm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual

@@ -11,9 +11,8 @@ import torch
 from torch import nn
 
 from pagedllm.layers.norm import RMSNorm
-from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.interfaces import NativeDecoder
-from pagedllm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 if TYPE_CHECKING:
     from pagedllm.config.quantization import QuantizationConfig
@@ -21,29 +20,13 @@ if TYPE_CHECKING:
 Olmo2RMSNorm = functools.partial(RMSNorm, scale_in_float32=True)
 
 
-class Olmo2DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: Any,
-        prefix: str,
-        rotary_emb: RotaryEmbedding,
-        quant_config: QuantizationConfig | None = None,
-        **attn_options: Any,
-    ) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(
-            config, f"{prefix}.self_attn", rotary_emb, quant_config=quant_config, **attn_options
-        )
-        self.mlp = LlamaMLP(
-            config.hidden_size,
-            config.intermediate_size,
-            config.hidden_act,
-            False,
-            quant_config,
-            f"{prefix}.mlp",
-        )
-        self.post_attention_layernorm = Olmo2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_feedforward_layernorm = Olmo2RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+class Olmo2DecoderLayer(LlamaDecoderLayer):
+    norm_cls = Olmo2RMSNorm
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        del self.input_layernorm  # no pre-norms
+        self.post_feedforward_layernorm = self.make_norm(config)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from tiny_llm import build_tokenizer
+from tiny_models import _COMMON as TINY_SHAPE
 from transformers import (
     Gemma2Config,
     Gemma2ForCausalLM,
@@ -25,16 +26,7 @@ from transformers import (
 )
 
 VOCAB = 384  # the tiny tokenizer's size
-_COMMON: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=VOCAB,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-)
+_COMMON: dict[str, Any] = dict(TINY_SHAPE, vocab_size=VOCAB)
 _GEMMA: dict[str, Any] = dict(
     _COMMON,
     num_hidden_layers=3,
