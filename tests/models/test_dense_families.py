@@ -108,3 +108,15 @@ def test_forward_traces_as_one_graph(family: tuple[PreTrainedModel, Path]) -> No
         logits = logits_fn(forward(ids, positions))
     torch.testing.assert_close(logits[0], ref[33], atol=ATOL, rtol=0)
     torch.testing.assert_close(logits[1:], ref[:12], atol=ATOL, rtol=0)
+
+
+def test_bfloat16_model_and_cache(family: tuple[PreTrainedModel, Path]) -> None:
+    """bfloat16 weights, activations and KV cache stay within 5% of the logit range of HF float32."""
+    hf, path = family
+    ours = load_model(hf.config, path, dtype=torch.bfloat16)
+    prompt = _tokens(40, 10)
+    batch = PagedBatch.for_model(ours, dtype=torch.bfloat16)
+    got = torch.cat([*batch.run(ours, [("r", prompt[:39])]), *batch.run(ours, [("r", prompt[39:])])])
+    ref = _reference(hf, prompt)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, atol=0.05 * ref.abs().max().item(), rtol=0)
