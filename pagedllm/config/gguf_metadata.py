@@ -164,6 +164,7 @@ _GGUF_CONFIGS: dict[str, tuple[str, str]] = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
 }
 # Granite's multipliers: GGUF key suffix -> config attribute.
 _GRANITE_KEYS = {
@@ -256,10 +257,12 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         rope["rope_type"] = "default"
     kwargs["rope_parameters"] = rope
     sliding = meta.get(f"{arch}.attention.sliding_window")
-    if sliding is not None and model_type in ("mistral", "qwen2", "qwen3", "gemma2", "gemma3"):
+    if sliding is not None and model_type in ("mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"):
         kwargs["sliding_window"] = sliding
     if model_type in ("gemma2", "gemma3"):
         _gemma_kwargs(model_type, meta, kwargs)
+    if model_type == "phi3":
+        _phi3_kwargs(header, kwargs)
     if model_type == "granite":
         kwargs |= {
             attr: float(meta[f"{arch}.{key}"])
@@ -272,6 +275,21 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
     config.architectures = [architecture]
     config._name_or_path = str(meta.get("general.name", ""))
     return config
+
+
+def _phi3_kwargs(header: GGUFHeader, kwargs: dict[str, Any]) -> None:
+    """Phi-3's pre-training length; LongRoPE models (128k) carry their factors as tensors
+    (`rope_factors_long/short`), which the config cannot read yet: refused."""
+    if any(name.startswith("rope_factors_") for name in header.tensor_names):
+        raise ValueError(
+            "GGUF phi3 files with LongRoPE factors (rope_factors_long/short) are not supported yet"
+        )
+    original = header.metadata.get("phi3.rope.scaling.original_context_length")
+    kwargs["original_max_position_embeddings"] = int(original or kwargs["max_position_embeddings"])
+    # transformers' Phi3Config wants the rotated fraction of each head stated.
+    head_dim = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    rotary = header.metadata.get("phi3.rope.dimension_count", head_dim)
+    kwargs["rope_parameters"]["partial_rotary_factor"] = int(rotary) / head_dim
 
 
 def _gemma_kwargs(model_type: str, meta: dict[str, Any], kwargs: dict[str, Any]) -> None:

@@ -87,11 +87,15 @@ def _families() -> dict[str, tuple[type[PreTrainedModel], Any]]:
 FAMILIES = sorted(_families())
 
 
-def make_family_model(family: str, path: Path, seed: int = 0) -> PreTrainedModel:
-    """Build, randomize (norm weights around 1, or around 0 for Gemma's `1 + weight` norms; the rest
-    with std 0.15, so greedy choices are not near-ties) and save `family` with a tokenizer to `path`;
-    returns the HF model in eval mode with eager attention."""
+def make_family_model(
+    family: str, path: Path, seed: int = 0, overrides: dict[str, Any] | None = None
+) -> PreTrainedModel:
+    """Build (its config attributes set from `overrides`), randomize (norm weights around 1, or around
+    0 for Gemma's `1 + weight` norms; the rest with std 0.15, so greedy choices are not near-ties) and
+    save `family` with a tokenizer to `path`; returns the HF model in eval mode with eager attention."""
     cls, config = _families()[family]
+    for key, value in (overrides or {}).items():
+        setattr(config, key, value)
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(path)
     config.bos_token_id = tokenizer.bos_token_id

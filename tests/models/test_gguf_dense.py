@@ -29,8 +29,10 @@ _BLOCK_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
     "input_layernorm": "attn_norm",
-    "post_attention_layernorm": {"olmo2": "post_attention_norm", "granite": "ffn_norm"},
+    "post_attention_layernorm": {"olmo2": "post_attention_norm", "granite": "ffn_norm", "phi3": "ffn_norm"},
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 _TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
@@ -50,7 +52,8 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write(hf: PreTrainedModel, path: Path, arch: str) -> Path:
+def _write(hf: PreTrainedModel, path: Path, arch: str, extra: dict[str, np.ndarray] | None = None) -> Path:
+    """The GGUF file of `hf`, plus the `extra` tensors."""
     c = hf.config
     writer = GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
@@ -61,8 +64,12 @@ def _write(hf: PreTrainedModel, path: Path, arch: str) -> Path:
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
     writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
     writer.add_layer_norm_rms_eps(c.rms_norm_eps)
     writer.add_vocab_size(c.vocab_size)
+    if arch == "phi3":
+        writer.add_sliding_window(c.sliding_window)
+        writer.add_rope_scaling_orig_ctx_len(c.original_max_position_embeddings)
     if arch == "granite":
         writer.add_embedding_scale(c.embedding_multiplier)
         writer.add_residual_scale(c.residual_multiplier)
@@ -73,6 +80,8 @@ def _write(hf: PreTrainedModel, path: Path, arch: str) -> Path:
         if arch == "granite" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = _permute(w, c.num_attention_heads if "q_proj" in name else c.num_key_value_heads)
         writer.add_tensor(_gguf_name(name, arch), w)
+    for name, w in (extra or {}).items():
+        writer.add_tensor(name, w)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -80,9 +89,15 @@ def _write(hf: PreTrainedModel, path: Path, arch: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("arch", ["granite", "olmo2"])
+@pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3"])
 def test_gguf_model_matches_hf(tmp_path: Path, arch: str) -> None:
-    hf = make_family_model(arch, tmp_path / "hf")
+    # Phi-3 without LongRoPE (a 4k model: llama.cpp stores LongRoPE factors as tensors, not read yet).
+    overrides = (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}
+        if arch == "phi3"
+        else {}
+    )
+    hf = make_family_model(arch, tmp_path / "hf", overrides=overrides)
     path = _write(hf, tmp_path / f"{arch}.gguf", arch)
     config = hf_config_from_gguf(read_gguf_header(path))
     assert config.architectures == [type(hf).__name__]
@@ -96,3 +111,12 @@ def test_gguf_model_matches_hf(tmp_path: Path, arch: str) -> None:
     with torch.no_grad():
         expected = hf(torch.tensor([ids[:31]])).logits[0]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
+
+
+def test_phi3_longrope_gguf_is_refused(tmp_path: Path) -> None:
+    hf = make_family_model("phi3", tmp_path / "hf")
+    path = _write(
+        hf, tmp_path / "phi3.gguf", "phi3", extra={"rope_factors_long.weight": np.ones(8, np.float32)}
+    )
+    with pytest.raises(ValueError, match=r"LongRoPE factors \(rope_factors_long/short\) are not supported"):
+        hf_config_from_gguf(read_gguf_header(path))

@@ -33,6 +33,7 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "gemma3": "Gemma3ForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
@@ -76,6 +77,8 @@ _ARCH_PER_BLOCK = {
     }
     for arch in ("gemma2", "gemma3")
 }
+# Phi-3 keeps q/k/v and gate/up fused (`ffn_up` holds both, gate first), as its HF checkpoints do.
+_ARCH_PER_BLOCK["phi3"] = _PER_BLOCK | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 # OLMo 2 has only the post-norms (and q/k norms over the whole projection, under the usual names).
 _ARCH_PER_BLOCK["olmo2"] = _PER_BLOCK | {
     "post_attention_norm": "post_attention_layernorm",
