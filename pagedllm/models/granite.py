@@ -8,10 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from pagedllm.models.interfaces import NativeDecoder
-from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 if TYPE_CHECKING:
     from pagedllm.config.quantization import QuantizationConfig
@@ -36,16 +35,11 @@ class GraniteForCausalLM(LlamaForCausalLM):
         super().__init__(config, quant_config)
         self.logits_scaling = float(config.logits_scaling)
 
+    layer_cls = GraniteDecoderLayer
+
     @classmethod
-    def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
-        return LlamaModel(
-            config,
-            "model",
-            cls.attention_options(config),
-            quant_config,
-            layer_cls=GraniteDecoderLayer,
-            embed_scale=float(config.embedding_multiplier),
-        )
+    def embed_scale(cls, config: Any) -> float | None:
+        return float(config.embedding_multiplier)
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:

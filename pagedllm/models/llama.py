@@ -244,6 +244,8 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = packed_modules(stacked_params_mapping)
+    # The decoder block (its `norm_cls` is also the final norm's).
+    layer_cls: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
     # Checkpoint tensors with no parameter here (old HF checkpoints store the rotary frequencies).
     skip_weight_substrs: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
@@ -263,8 +265,21 @@ class LlamaForCausalLM(nn.Module):
 
     @classmethod
     def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
-        """The model body (`model.*` weights): families with other blocks build theirs."""
-        return LlamaModel(config, "model", cls.attention_options(config), quant_config)
+        """The model body (`model.*` weights): families with another layout build theirs."""
+        return LlamaModel(
+            config,
+            "model",
+            cls.attention_options(config),
+            quant_config,
+            layer_cls=cls.layer_cls,
+            norm_cls=cls.layer_cls.norm_cls,
+            embed_scale=cls.embed_scale(config),
+        )
+
+    @classmethod
+    def embed_scale(cls, config: Any) -> float | None:
+        """A factor on the token embeddings (Granite's multiplier), None for none."""
+        return None
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:

@@ -5,17 +5,13 @@ projection (all heads at once) before rotary, and every norm applies its weight 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from torch import nn
 
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.models.interfaces import NativeDecoder
-from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
-
-if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 Olmo2RMSNorm = functools.partial(RMSNorm, scale_in_float32=True)
 
@@ -40,16 +36,7 @@ class Olmo2DecoderLayer(LlamaDecoderLayer):
 
 
 class Olmo2ForCausalLM(LlamaForCausalLM):
-    @classmethod
-    def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
-        return LlamaModel(
-            config,
-            "model",
-            cls.attention_options(config),
-            quant_config,
-            layer_cls=Olmo2DecoderLayer,
-            norm_cls=Olmo2RMSNorm,
-        )
+    layer_cls = Olmo2DecoderLayer
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:

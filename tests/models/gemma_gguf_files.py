@@ -79,6 +79,11 @@ def write_gemma_gguf(
             writer.add_tensor(name, quantize(w, Q.Q8_0), raw_dtype=Q.Q8_0)
         else:
             writer.add_tensor(name, w)
+    return finish_gguf(writer, path)
+
+
+def finish_gguf(writer: GGUFWriter, path: Path) -> Path:
+    """Write out and close `writer`'s file at `path`."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

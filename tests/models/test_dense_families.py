@@ -6,6 +6,7 @@ steps. Prompts are longer than the 8-token (Gemma) and 24-token (Phi-3) windows 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,16 @@ def test_greedy_generate_matches_hf(family: tuple[PreTrainedModel, Path]) -> Non
         assert output.outputs[0].token_ids == _hf_greedy(hf, prompt, 16)
 
 
-def test_forward_traces_as_one_graph(family: tuple[PreTrainedModel, Path]) -> None:
+@pytest.fixture
+def fresh_dynamo() -> Iterator[None]:
+    # Every family traces the shared Llama blocks' code: without a reset, these tests and later
+    # modules' would together pass Dynamo's recompile limit for those code objects.
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_forward_traces_as_one_graph(family: tuple[PreTrainedModel, Path], fresh_dynamo: None) -> None:
     """torch.compile sees the whole forward (and the logits with their soft cap or scaling) with no
     graph break, and the traced model gives HF's logits on a mixed step."""
     hf, path = family

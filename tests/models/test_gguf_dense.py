@@ -12,6 +12,7 @@ import pytest
 import torch
 from attention.paged_batch import PagedBatch
 from dense_families import VOCAB, make_family_model
+from gemma_gguf_files import finish_gguf
 from gguf import GGUFWriter
 from transformers import PreTrainedModel
 
@@ -82,11 +83,7 @@ def _write(hf: PreTrainedModel, path: Path, arch: str, extra: dict[str, np.ndarr
         writer.add_tensor(_gguf_name(name, arch), w)
     for name, w in (extra or {}).items():
         writer.add_tensor(name, w)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return finish_gguf(writer, path)
 
 
 @pytest.mark.parametrize("arch", ["granite", "olmo2", "phi3"])
