@@ -60,7 +60,7 @@ def try_verify_and_update_config(cfg: EngineConfig) -> None:
     apply_pooling_defaults(cfg)
     if mc.architecture is None:
         return
-    # pagedllm's generative architectures (Llama, Mistral, Qwen2, Qwen3) need no config hook; hybrid
+    # pagedllm's supported architectures (models/registry.py) need no config hook; hybrid
     # and classification adapters are rejected by the support gate.
     weights = mc.model_weights
     if weights.startswith(_OBJECT_STORAGE_PREFIXES):

@@ -160,6 +160,18 @@ _GGUF_CONFIGS: dict[str, tuple[str, str]] = {
     "mistral": ("MistralConfig", "MistralForCausalLM"),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+}
+# Granite's multipliers: GGUF key suffix -> config attribute.
+_GRANITE_KEYS = {
+    "embedding_scale": "embedding_multiplier",
+    "residual_scale": "residual_multiplier",
+    "attention.scale": "attention_multiplier",
+    "logit_scale": "logits_scaling",
 }
 
 # GGUF key suffix (after "<arch>.") -> transformers config attribute, per model type.
@@ -177,7 +189,13 @@ _HEAD_DIM_KEY = {
     "llama": "rope.dimension_count",
     "mistral": "rope.dimension_count",
     "qwen3": "attention.key_length",
+    "gemma2": "attention.key_length",
+    "gemma3": "attention.key_length",
 }
+# What llama.cpp does not store for Gemma 3: the base of the sliding-window layers' rotation, and
+# the pattern of its layers (every sixth one global), both fixed in its code.
+_GEMMA3_LOCAL_ROPE_THETA = 10000.0
+_GEMMA3_GLOBAL_EVERY = 6
 _TOKEN_KEYS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
     "tokenizer.ggml.eos_token_id": "eos_token_id",
@@ -200,7 +218,7 @@ def gguf_model_type(header: GGUFHeader) -> str:
 
 
 def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
-    """The transformers config (Llama/Mistral/Qwen2/Qwen3) described by a GGUF header."""
+    """The transformers config (of `SUPPORTED_GGUF_ARCHITECTURES`) described by a GGUF header."""
     meta = header.metadata
     arch = meta["general.architecture"]
     model_type = gguf_model_type(header)
@@ -239,14 +257,62 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         rope["rope_type"] = "default"
     kwargs["rope_parameters"] = rope
     sliding = meta.get(f"{arch}.attention.sliding_window")
-    if sliding is not None and model_type in ("mistral", "qwen2", "qwen3"):
+    if sliding is not None and model_type in ("mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"):
         kwargs["sliding_window"] = sliding
+    if model_type in ("gemma2", "gemma3"):
+        _gemma_kwargs(model_type, meta, kwargs)
+    if model_type == "phi3":
+        _phi3_kwargs(header, kwargs)
+    if model_type == "granite":
+        kwargs |= {
+            attr: float(meta[f"{arch}.{key}"])
+            for key, attr in _GRANITE_KEYS.items()
+            if f"{arch}.{key}" in meta
+        }
     # As transformers decides: no separate output projection in the file -> tied embeddings.
     kwargs["tie_word_embeddings"] = "output.weight" not in header.tensor_names
     config = getattr(transformers, config_name)(**kwargs)
     config.architectures = [architecture]
     config._name_or_path = str(meta.get("general.name", ""))
     return config
+
+
+def _phi3_kwargs(header: GGUFHeader, kwargs: dict[str, Any]) -> None:
+    """Phi-3's pre-training length; LongRoPE models (128k) carry their factors as tensors
+    (`rope_factors_long/short`), which the config cannot read yet: refused."""
+    if any(name.startswith("rope_factors_") for name in header.tensor_names):
+        raise ValueError(
+            "GGUF phi3 files with LongRoPE factors (rope_factors_long/short) are not supported yet"
+        )
+    original = header.metadata.get("phi3.rope.scaling.original_context_length")
+    kwargs["original_max_position_embeddings"] = int(original or kwargs["max_position_embeddings"])
+    # transformers' Phi3Config wants the rotated fraction of each head stated.
+    head_dim = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    rotary = header.metadata.get("phi3.rope.dimension_count", head_dim)
+    kwargs["rope_parameters"]["partial_rotary_factor"] = int(rotary) / head_dim
+
+
+def _gemma_kwargs(model_type: str, meta: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Gemma's settings as llama.cpp stores or implies them: the soft caps, the query scale (llama.cpp
+    uses head_dim^-0.5, except hidden/heads for Gemma 2 27B, its only 46-layer model), Gemma 3's
+    layer pattern and its per-layer-type rotation (the file's base and scaling are the global layers')."""
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        value = meta.get(f"{model_type}.{key}")
+        kwargs[key] = None if value is None else float(value)
+    head_dim = kwargs.get("head_dim") or kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    if model_type == "gemma2" and kwargs.get("num_hidden_layers") == 46:
+        kwargs["query_pre_attn_scalar"] = kwargs["hidden_size"] // kwargs["num_attention_heads"]
+    else:
+        kwargs["query_pre_attn_scalar"] = head_dim
+    if model_type == "gemma3":
+        kwargs["layer_types"] = [
+            "full_attention" if (i + 1) % _GEMMA3_GLOBAL_EVERY == 0 else "sliding_attention"
+            for i in range(kwargs["num_hidden_layers"])
+        ]
+        kwargs["rope_parameters"] = {
+            "full_attention": kwargs["rope_parameters"],
+            "sliding_attention": {"rope_type": "default", "rope_theta": _GEMMA3_LOCAL_ROPE_THETA},
+        }
 
 
 def gguf_chat_template(header: GGUFHeader) -> str | None:

@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 
 # What the engine implements, for the error message and the docs.
 SUPPORTED = (
-    "dense decoder models (Llama, Mistral, Qwen2, Qwen3) from HF safetensors directories or GGUF files; "
-    "pooling models (BertModel / BertForSequenceClassification encoders, and the decoders above as "
-    "last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
+    "dense decoder models (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text, Phi-3, OLMo 2, Granite) "
+    "from HF safetensors directories or GGUF files (Phi-3 GGUF without LongRoPE factors); "
+    "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
+    "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
     "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "

@@ -1,4 +1,4 @@
-"""Gated activations."""
+"""Gated activations (the merged gate/up projection's output of width `2d` -> `d`)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,27 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]
+
+
+class GeluAndMul(nn.Module):
+    """`gelu(x[..., :d]) * x[..., d:]`, with the tanh approximation where the model asks for it
+    (Gemma's `gelu_pytorch_tanh`)."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
+
+
+def get_act_and_mul(name: str) -> nn.Module:
+    """The gated activation for HF's `hidden_act` / `hidden_activation` name."""
+    if name == "silu":
+        return SiluAndMul()
+    if name == "gelu_pytorch_tanh":
+        return GeluAndMul("tanh")
+    if name == "gelu":
+        return GeluAndMul()
+    raise ValueError(f"hidden_act={name!r} is not supported (supported: silu, gelu, gelu_pytorch_tanh)")

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3/3.x, SmolLM2, TinyLlama); Mistral, Qwen2 and Qwen3 reuse it.
+"""Llama-family decoder (Llama 2/3/3.x, SmolLM2, TinyLlama); the other dense families reuse its blocks.
 
 Architecture only: the HF -> fused weight-name mapping is `stacked_params_mapping` below, applied by the
 generic loader (`pagedllm.models.loader.weights`). Every linear layer takes the `QuantizationConfig` and
@@ -8,14 +8,14 @@ its prefix (its name in the model), so the config chooses its method. The forwar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from pagedllm.attention import Attention
-from pagedllm.layers.activation import SiluAndMul
+from pagedllm.layers.activation import get_act_and_mul
 from pagedllm.layers.embedding import LogitsProcessor, ParallelLMHead, VocabParallelEmbedding
 from pagedllm.layers.linear import (
     MergedColumnParallelLinear,
@@ -35,14 +35,19 @@ def head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def build_rope(config: Any) -> RotaryEmbedding:
-    theta, scaling = rope_parameters_from_config(config)
+def build_rope(
+    config: Any, layer_type: str | None = None, max_positions_scaled: bool = False
+) -> RotaryEmbedding:
+    """The rotary table for `config` (for layers of `layer_type` where the rotation differs by type)."""
+    theta, scaling = rope_parameters_from_config(config, layer_type)
+    partial = getattr(config, "partial_rotary_factor", None) or (scaling or {}).get("partial_rotary_factor")
     return get_rope(
         head_dim(config),
         config.max_position_embeddings,
         theta,
         scaling,
-        float(getattr(config, "partial_rotary_factor", 1.0) or 1.0),
+        float(partial or 1.0),
+        max_positions_scaled,
     )
 
 
@@ -57,15 +62,13 @@ class LlamaMLP(nn.Module):
         prefix: str = "",
     ) -> None:
         super().__init__()
-        if hidden_act != "silu":
-            raise ValueError(f"hidden_act={hidden_act!r} is not supported (only 'silu')")
+        self.act_fn = get_act_and_mul(hidden_act)
         self.gate_up_proj = MergedColumnParallelLinear(
             hidden_size, [intermediate_size] * 2, bias, quant_config, f"{prefix}.gate_up_proj"
         )
         self.down_proj = RowParallelLinear(
             intermediate_size, hidden_size, bias, quant_config, f"{prefix}.down_proj"
         )
-        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -82,7 +85,13 @@ class LlamaAttention(nn.Module):
         qk_norm: bool,
         sliding_window: int | None,
         quant_config: QuantizationConfig | None = None,
+        scale: float | None = None,
+        logits_soft_cap: float | None = None,
+        norm_cls: Callable[..., RMSNorm] = RMSNorm,
+        qk_norm_whole: bool = False,
     ) -> None:
+        """`scale` of the scores (default head_dim^-0.5), `logits_soft_cap` (Gemma 2), q/k norms of
+        `norm_cls` per head (Qwen3, Gemma 3) or over the whole projection (`qk_norm_whole`, OLMo 2)."""
         super().__init__()
         hidden_size = config.hidden_size
         total_heads = config.num_attention_heads
@@ -103,21 +112,30 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             total_heads * self.head_dim, hidden_size, o_bias, quant_config, f"{prefix}.o_proj"
         )
-        # Qwen3 normalizes each head of q and k before rotary.
-        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if qk_norm else None
+        # Qwen3 normalizes each head of q and k before rotary, OLMo 2 the whole projections.
+        self.qk_norm_whole = qk_norm_whole
+        q_width, k_width = (
+            (total_heads * self.head_dim, total_kv_heads * self.head_dim)
+            if qk_norm_whole
+            else (self.head_dim, self.head_dim)
+        )
+        self.q_norm = norm_cls(q_width, eps=config.rms_norm_eps) if qk_norm else None
+        self.k_norm = norm_cls(k_width, eps=config.rms_norm_eps) if qk_norm else None
         # The model's one rotary table, shared by every layer (registered under each of them).
         self.rotary_emb = rotary_emb
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
-            self.head_dim**-0.5,
+            self.head_dim**-0.5 if scale is None else scale,
             self.num_kv_heads,
             sliding_window=sliding_window,
             prefix=f"{prefix}.attn",
+            logits_soft_cap=logits_soft_cap,
         )
 
     def _head_norm(self, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
+        if self.qk_norm_whole:
+            return norm(x)  # type: ignore[return-value]
         return norm(x.view(x.shape[0], -1, self.head_dim)).view(x.shape[0], -1)  # type: ignore[union-attr]
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -131,6 +149,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; other families' blocks subclass it (their own norms and
+    forward, the same attention, MLP and weight names)."""
+
+    # The norms of the block (OLMo 2 and Gemma have variants).
+    norm_cls: ClassVar[Callable[..., RMSNorm]] = RMSNorm
+
     def __init__(
         self,
         config: Any,
@@ -146,22 +170,30 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
-            config.hidden_act,
+            # Gemma names it `hidden_activation`.
+            getattr(config, "hidden_activation", None) or config.hidden_act,
             bool(getattr(config, "mlp_bias", False)),
             quant_config,
             f"{prefix}.mlp",
         )
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = self.make_norm(config)
+        self.post_attention_layernorm = self.make_norm(config)
+
+    def make_norm(self, config: Any) -> RMSNorm:
+        return self.norm_cls(config.hidden_size, eps=config.rms_norm_eps)
+
+    def input_norm(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(input_layernorm(hidden + residual), hidden + residual)`; the first layer has no residual."""
+        if residual is None:
+            return self.input_layernorm(hidden_states), hidden_states  # type: ignore[return-value]
+        return self.input_layernorm(hidden_states, residual)  # type: ignore[return-value]
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states, residual = self.input_norm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
@@ -174,18 +206,26 @@ class LlamaModel(nn.Module):
         prefix: str,
         attn_options: dict[str, Any],
         quant_config: QuantizationConfig | None = None,
+        layer_cls: type[nn.Module] = LlamaDecoderLayer,
+        norm_cls: Callable[..., RMSNorm] = RMSNorm,
+        embed_scale: float | None = None,
     ) -> None:
+        """`layer_cls` the decoder block (a Llama-style `(positions, hidden, residual)` one),
+        `norm_cls` the final norm, `embed_scale` a factor on the embeddings (Granite)."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = embed_scale
         rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", rotary_emb, quant_config, **attn_options)
+            layer_cls(config, f"{prefix}.layers.{i}", rotary_emb, quant_config, **attn_options)
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            hidden_states = hidden_states * self.embed_scale
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
@@ -204,13 +244,15 @@ class LlamaForCausalLM(nn.Module):
         ("gate_up_proj", "up_proj", 1),
     ]
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = packed_modules(stacked_params_mapping)
+    # The decoder block (its `norm_cls` is also the final norm's).
+    layer_cls: ClassVar[type[LlamaDecoderLayer]] = LlamaDecoderLayer
     # Checkpoint tensors with no parameter here (old HF checkpoints store the rotary frequencies).
     skip_weight_substrs: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
     def __init__(self, config: Any, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, "model", self.attention_options(config), quant_config)
+        self.model = self.build_model(config, quant_config)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()
@@ -220,6 +262,24 @@ class LlamaForCausalLM(nn.Module):
         """Share the embedding with the LM head (the loader then skips a checkpoint's `lm_head.weight`)."""
         if self.tie_word_embeddings:
             self.lm_head.tie_weights(self.model.embed_tokens)
+
+    @classmethod
+    def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
+        """The model body (`model.*` weights): families with another layout build theirs."""
+        return LlamaModel(
+            config,
+            "model",
+            cls.attention_options(config),
+            quant_config,
+            layer_cls=cls.layer_cls,
+            norm_cls=cls.layer_cls.norm_cls,
+            embed_scale=cls.embed_scale(config),
+        )
+
+    @classmethod
+    def embed_scale(cls, config: Any) -> float | None:
+        """A factor on the token embeddings (Granite's multiplier), None for none."""
+        return None
 
     @classmethod
     def attention_options(cls, config: Any) -> dict[str, Any]:

@@ -131,8 +131,8 @@ def test_rope_parameters_old_style_config() -> None:
 
 
 def test_unsupported_rope_type() -> None:
-    with pytest.raises(ValueError, match="rope_scaling type 'dynamic' is not supported"):
-        get_rope(64, 128, 10000.0, {"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_scaling type 'mrope' is not supported"):
+        get_rope(64, 128, 10000.0, {"rope_type": "mrope", "factor": 2.0})
 
 
 def test_qkv_and_gate_up_shard_loading() -> None:

@@ -202,7 +202,7 @@ def test_smollm2_greedy_matches_hf(smollm2_gguf: Path, smollm2_reference: tuple,
 
 def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
     path = write_llama_gguf(tmp_path / "gpt2.gguf", {}, arch="gpt2")
-    with pytest.raises(ModelLoadError, match=r"architecture 'gpt2' is not supported; supported: llama"):
+    with pytest.raises(ModelLoadError, match=r"architecture 'gpt2' is not supported; supported: .*llama"):
         next(iterate_gguf(path))
 
 

@@ -292,12 +292,12 @@ def test_unsupported_options(tmp_path: Path) -> None:
         load_model(_llama_config(), tmp_path, load_format="pt")
     with pytest.raises(NotImplementedError, match="tensor_parallel_size=2 is not supported"):
         load_model(_llama_config(), tmp_path, load_format="dummy", tensor_parallel_size=2)
-    with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported"):
+    with pytest.raises(ValueError, match="rope_scaling type 'mrope' is not supported"):
         load_model(
-            _llama_config(rope_scaling={"rope_type": "yarn", "factor": 2.0}), tmp_path, load_format="dummy"
+            _llama_config(rope_scaling={"rope_type": "mrope", "factor": 2.0}), tmp_path, load_format="dummy"
         )
-    with pytest.raises(ValueError, match="hidden_act='gelu' is not supported"):
-        load_model(_llama_config(hidden_act="gelu"), tmp_path, load_format="dummy")
+    with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
+        load_model(_llama_config(hidden_act="relu"), tmp_path, load_format="dummy")
 
 
 def test_loaded_checkpoint_matches_file_after_mapping_closed(tmp_path: Path) -> None:

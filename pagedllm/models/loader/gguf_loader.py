@@ -29,6 +29,11 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
@@ -60,8 +65,30 @@ _PER_BLOCK = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Where an architecture's blocks name their norms differently (Gemma's sandwich norms: llama.cpp's
+# `ffn_norm` is the pre-feedforward one there, the post-attention norm has its own name).
+_ARCH_PER_BLOCK = {
+    arch: _PER_BLOCK
+    | {
+        "attn_norm": "input_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }
+    for arch in ("gemma2", "gemma3")
+}
+# Phi-3 keeps q/k/v and gate/up fused (`ffn_up` holds both, gate first), as its HF checkpoints do.
+_ARCH_PER_BLOCK["phi3"] = _PER_BLOCK | {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+# OLMo 2 has only the post-norms (and q/k norms over the whole projection, under the usual names).
+_ARCH_PER_BLOCK["olmo2"] = _PER_BLOCK | {
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# Architectures whose norm weights llama.cpp's converter stores plus one (Gemma's `1 + weight`
+# norms), undone here as transformers' GGUF loader does.
+_NORM_SHIFTED_ARCHS = {"gemma2", "gemma3"}
 # Architectures whose q/k rows llama.cpp's converter permutes.
-_PERMUTED_ARCHS = {"llama", "mistral"}
+_PERMUTED_ARCHS = {"llama", "mistral", "granite"}
 # Tables that are not weights of an HF module: llama.cpp's converter stores llama3 rope scaling as
 # per-frequency divisors (and writes no rope scaling metadata), applied by `apply_rope_freq_factors`.
 _ROPE_FREQS = "rope_freqs.weight"
@@ -129,16 +156,17 @@ def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarr
     return out.reshape(shape)
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The HF name of a GGUF tensor, or None for tables HF does not store."""
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The HF name of a GGUF tensor of an `arch` file, or None for tables HF does not store."""
     if gguf_name in _DERIVED:
         return None
     base, _, suffix = gguf_name.rpartition(".")
     if base in _TOP_LEVEL:
         return f"{_TOP_LEVEL[base]}.{suffix}"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _PER_BLOCK:
-        return f"model.layers.{parts[1]}.{_PER_BLOCK[parts[2]]}.{suffix}"
+    per_block = _ARCH_PER_BLOCK.get(arch, _PER_BLOCK)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in per_block:
+        return f"model.layers.{parts[1]}.{per_block[parts[2]]}.{suffix}"
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not understood by the loader")
 
 
@@ -157,10 +185,12 @@ def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     n_kv_head = int(header.metadata.get(f"{arch}.attention.head_count_kv", n_head))
     data = np.memmap(path, dtype=np.uint8, mode="r")
     for info in header.tensors:
-        name = hf_tensor_name(info.name)
+        name = hf_tensor_name(info.name, arch)
         if name is None:
             continue
         w = _dequantized(data, info, path)
+        if arch in _NORM_SHIFTED_ARCHS and info.name.endswith("norm.weight"):
+            w = w - 1
         if arch in _PERMUTED_ARCHS and info.name.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute_rows(w, n_head if ".attn_q." in info.name else n_kv_head)
         with warnings.catch_warnings():
