@@ -8,7 +8,7 @@ its prefix (its name in the model), so the config chooses its method. The forwar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -29,6 +29,10 @@ from pagedllm.models.loader.weights import packed_modules
 
 if TYPE_CHECKING:
     from pagedllm.config.quantization import QuantizationConfig
+
+
+# `(layer index, module prefix) -> feed-forward block` of a layer (None: the dense `LlamaMLP`).
+MLPFactory = Callable[[int, str], nn.Module]
 
 
 def head_dim(config: Any) -> int:
@@ -137,13 +141,14 @@ class LlamaDecoderLayer(nn.Module):
         prefix: str,
         rotary_emb: RotaryEmbedding,
         quant_config: QuantizationConfig | None = None,
+        mlp: nn.Module | None = None,
         **attn_options: Any,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(
             config, f"{prefix}.self_attn", rotary_emb, quant_config=quant_config, **attn_options
         )
-        self.mlp = LlamaMLP(
+        self.mlp = mlp if mlp is not None else LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
             config.hidden_act,
@@ -174,12 +179,20 @@ class LlamaModel(nn.Module):
         prefix: str,
         attn_options: dict[str, Any],
         quant_config: QuantizationConfig | None = None,
+        mlp_factory: MLPFactory | None = None,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, f"{prefix}.layers.{i}", rotary_emb, quant_config, **attn_options)
+            LlamaDecoderLayer(
+                config,
+                f"{prefix}.layers.{i}",
+                rotary_emb,
+                quant_config,
+                mlp_factory(i, f"{prefix}.layers.{i}.mlp") if mlp_factory else None,
+                **attn_options,
+            )
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -210,7 +223,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: Any, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, "model", self.attention_options(config), quant_config)
+        self.model = LlamaModel(
+            config, "model", self.attention_options(config), quant_config, self.mlp_factory(config, quant_config)
+        )
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()
@@ -226,6 +241,11 @@ class LlamaForCausalLM(nn.Module):
         """The per-architecture knobs of the shared attention block."""
         bias = bool(getattr(config, "attention_bias", False))
         return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False, "sliding_window": None}
+
+    @classmethod
+    def mlp_factory(cls, config: Any, quant_config: QuantizationConfig | None) -> MLPFactory | None:
+        """The feed-forward blocks of the layers (mixture-of-experts models); None: dense `LlamaMLP`s."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

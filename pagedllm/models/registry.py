@@ -14,7 +14,12 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("pagedllm.models.mistral", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("pagedllm.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("pagedllm.models.qwen3", "Qwen3ForCausalLM"),
+    "MixtralForCausalLM": ("pagedllm.models.mixtral", "MixtralForCausalLM"),
+    "Qwen2MoeForCausalLM": ("pagedllm.models.qwen2_moe", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("pagedllm.models.qwen3_moe", "Qwen3MoeForCausalLM"),
 }
+# The mixture-of-experts architectures above (config/support.py refuses any other `is_moe` model).
+MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
 
 
 def supported_architectures() -> list[str]:
