@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,15 @@ VARIANTS: dict[str, tuple[type[PreTrainedModel], Any]] = {
 }
 
 
-def make_tiny_model(variant: str, path: Path, seed: int = 0) -> PreTrainedModel:
+def make_tiny_model(variant: str, path: Path, seed: int = 0, **config_overrides: Any) -> PreTrainedModel:
     """Build, randomize (biases and norm weights included, so nothing is trivially zero or one) and
-    save the variant to `path`; returns the HF model in eval mode with eager attention."""
+    save the variant (its config attributes `config_overrides` changed) to `path`; returns the HF model
+    in eval mode with eager attention."""
     cls, config = VARIANTS[variant]
+    if config_overrides:
+        config = copy.deepcopy(config)
+        for name, value in config_overrides.items():
+            setattr(config, name, value)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(config).eval()
