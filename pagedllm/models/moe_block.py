@@ -37,6 +37,8 @@ class SparseMoeBlock(nn.Module):
         shared_expert_intermediate_size: int = 0,
     ) -> None:
         super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act={config.hidden_act!r} is not supported for experts (only 'silu')")
         hidden = config.hidden_size
         self.gate = nn.Linear(hidden, num_experts, bias=False)
         self.experts = FusedMoE(

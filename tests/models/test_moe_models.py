@@ -10,11 +10,12 @@ import pytest
 import torch
 from tiny_llm import build_tokenizer
 from tiny_models import make_tiny_model
-from transformers import LlamaConfig, PreTrainedModel
+from transformers import LlamaConfig, PreTrainedModel, Qwen3MoeConfig
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.config import EngineConfig
 from pagedllm.config.args import EngineArgs
+from pagedllm.models import load_model
 
 MOE_VARIANTS = ["qwen3moe-top4-norm", "qwen2moe-top2-shared", "mixtral-top3"]
 STEPS = 16
@@ -66,3 +67,12 @@ def test_other_moe_architectures_are_refused(tmp_path: Path) -> None:
     config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="mixture-of-experts model LlamaForCausalLM .supported: Mixtral"):
         EngineArgs(model=str(tmp_path)).create_engine_config()
+
+
+def test_experts_other_than_silu_are_refused(tmp_path: Path) -> None:
+    config = Qwen3MoeConfig(
+        hidden_size=32, num_attention_heads=2, num_experts=4, moe_intermediate_size=16, hidden_act="gelu"
+    )
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    with pytest.raises(ValueError, match="hidden_act='gelu' is not supported for experts"):
+        load_model(config, tmp_path, load_format="dummy")
