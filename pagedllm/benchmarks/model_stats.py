@@ -1,4 +1,7 @@
-"""Parameter and weight-byte counts of a decoder-only model, from its config (for the rooflines)."""
+"""Parameter and weight-byte counts of a decoder-only model, from its config (for the rooflines).
+
+For a mixture-of-experts model the counts are of the parameters one token uses (its `top_k` routed
+experts, the shared expert and the router), which is what its compute and single-stream decode cost."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ class ModelStats:
         heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-        layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + 3 * hidden * inter
+        layer = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden + _mlp_params(cfg)
         layer += 2 * hidden  # the two RMSNorm weights
         embed = cfg.vocab_size * hidden
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
@@ -39,3 +42,15 @@ class ModelStats:
             intermediate_size=inter,
             dtype_bytes=model_config.dtype.itemsize,
         )
+
+
+def _mlp_params(cfg) -> int:
+    """Feed-forward parameters one token uses in a layer (dense, or routed + shared experts + router)."""
+    hidden = cfg.hidden_size
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0
+    if not experts:
+        return 3 * hidden * cfg.intermediate_size
+    expert_inter = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    shared = getattr(cfg, "shared_expert_intermediate_size", None) or 0
+    shared_params = 3 * hidden * shared + hidden if shared else 0  # the shared expert and its gate
+    return cfg.num_experts_per_tok * 3 * hidden * expert_inter + shared_params + hidden * experts

@@ -165,6 +165,9 @@ _GGUF_CONFIGS: dict[str, tuple[str, str]] = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM"),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
 }
 # Granite's multipliers: GGUF key suffix -> config attribute.
 _GRANITE_KEYS = {
@@ -188,14 +191,31 @@ _COMMON_KEYS = {
 _HEAD_DIM_KEY = {
     "llama": "rope.dimension_count",
     "mistral": "rope.dimension_count",
+    "mixtral": "rope.dimension_count",
     "qwen3": "attention.key_length",
     "gemma2": "attention.key_length",
     "gemma3": "attention.key_length",
+    "qwen3moe": "attention.key_length",
 }
 # What llama.cpp does not store for Gemma 3: the base of the sliding-window layers' rotation, and
 # the pattern of its layers (every sixth one global), both fixed in its code.
 _GEMMA3_LOCAL_ROPE_THETA = 10000.0
 _GEMMA3_GLOBAL_EVERY = 6
+# Mixture-of-experts keys, per model type (Mixtral's experts are `feed_forward_length` wide).
+_QWEN_MOE_KEYS = {
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+}
+_MOE_KEYS = {
+    "qwen2moe": _QWEN_MOE_KEYS,
+    "qwen3moe": _QWEN_MOE_KEYS,
+    "mixtral": {"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok"},
+}
+# Whether llama.cpp renormalizes the top-k router weights of these when the file has no
+# `expert_weights_norm` key (its converters write none for them).
+_NORM_TOPK_PROB = {"qwen2moe": False, "qwen3moe": True}
 _TOKEN_KEYS = {
     "tokenizer.ggml.bos_token_id": "bos_token_id",
     "tokenizer.ggml.eos_token_id": "eos_token_id",
@@ -211,7 +231,9 @@ def gguf_model_type(header: GGUFHeader) -> str:
     if not isinstance(arch, str):
         raise ValueError("GGUF file has no general.architecture key")
     name = str(header.metadata.get("general.name", "")).lower()
-    # llama.cpp stores Mistral models as "llama"; the model name is the only hint.
+    # llama.cpp stores Mixtral and Mistral models as "llama"; experts, else the model name, tell them apart.
+    if arch == "llama" and header.metadata.get("llama.expert_count"):
+        return "mixtral"
     if arch == "llama" and "mistral" in name:
         return "mistral"
     return arch
@@ -230,7 +252,7 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
 
     config_name, architecture = _GGUF_CONFIGS[model_type]
     kwargs: dict[str, Any] = {}
-    for suffix, attr in _COMMON_KEYS.items():
+    for suffix, attr in (_COMMON_KEYS | _MOE_KEYS.get(model_type, {})).items():
         if f"{arch}.{suffix}" in meta:
             kwargs[attr] = meta[f"{arch}.{suffix}"]
     head_key = _HEAD_DIM_KEY.get(model_type)
@@ -257,7 +279,7 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         rope["rope_type"] = "default"
     kwargs["rope_parameters"] = rope
     sliding = meta.get(f"{arch}.attention.sliding_window")
-    if sliding is not None and model_type in ("mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"):
+    if sliding is not None and model_type in ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"):
         kwargs["sliding_window"] = sliding
     if model_type in ("gemma2", "gemma3"):
         _gemma_kwargs(model_type, meta, kwargs)
@@ -269,6 +291,8 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
             for key, attr in _GRANITE_KEYS.items()
             if f"{arch}.{key}" in meta
         }
+    if model_type in _NORM_TOPK_PROB:
+        kwargs["norm_topk_prob"] = bool(meta.get(f"{arch}.expert_weights_norm", _NORM_TOPK_PROB[model_type]))
     # As transformers decides: no separate output projection in the file -> tied embeddings.
     kwargs["tie_word_embeddings"] = "output.weight" not in header.tensor_names
     config = getattr(transformers, config_name)(**kwargs)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 SUPPORTED = (
     "dense decoder models (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text, Phi-3, OLMo 2, Granite) "
     "from HF safetensors directories or GGUF files (Phi-3 GGUF without LongRoPE factors); "
+    "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
     "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
@@ -249,11 +250,21 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             (mc.enable_trace_replay, "model_config.enable_trace_replay"),
             (bool(mc.logits_processors), "model_config.logits_processors (custom logits processors)"),
             (bool(mc.model_weights), "model_config.model_weights (separate weight location)"),
-            (mc.is_moe, f"mixture-of-experts model {mc.architecture}"),
+            (
+                mc.is_moe and mc.architecture not in _moe_architectures(),
+                f"mixture-of-experts model {mc.architecture} (supported: {', '.join(sorted(_moe_architectures()))})",
+            ),
             (mc.is_hybrid, f"hybrid attention/SSM model {mc.architecture}"),
             (mc.use_mla, f"MLA attention model {mc.architecture}"),
         ]
     return checks
+
+
+def _moe_architectures() -> frozenset[str]:
+    # Imported here: the models package imports the config package (a cycle at import time).
+    from pagedllm.models.registry import MOE_ARCHITECTURES
+
+    return MOE_ARCHITECTURES
 
 
 def unsupported_features(cfg: EngineConfig) -> list[str]:

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from pagedllm.config.quantization import QuantizationConfig
 
 
+# `(layer index, module prefix) -> feed-forward block` of a layer (None: the dense `LlamaMLP`).
+MLPFactory = Callable[[int, str], nn.Module]
+
+
 def head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
@@ -161,13 +165,14 @@ class LlamaDecoderLayer(nn.Module):
         prefix: str,
         rotary_emb: RotaryEmbedding,
         quant_config: QuantizationConfig | None = None,
+        mlp: nn.Module | None = None,
         **attn_options: Any,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(
             config, f"{prefix}.self_attn", rotary_emb, quant_config=quant_config, **attn_options
         )
-        self.mlp = LlamaMLP(
+        self.mlp = mlp if mlp is not None else LlamaMLP(
             config.hidden_size,
             config.intermediate_size,
             # Gemma names it `hidden_activation`.
@@ -209,15 +214,24 @@ class LlamaModel(nn.Module):
         layer_cls: type[nn.Module] = LlamaDecoderLayer,
         norm_cls: Callable[..., RMSNorm] = RMSNorm,
         embed_scale: float | None = None,
+        mlp_factory: MLPFactory | None = None,
     ) -> None:
         """`layer_cls` the decoder block (a Llama-style `(positions, hidden, residual)` one),
-        `norm_cls` the final norm, `embed_scale` a factor on the embeddings (Granite)."""
+        `norm_cls` the final norm, `embed_scale` a factor on the embeddings (Granite), `mlp_factory`
+        each layer's feed-forward block (mixture-of-experts models; None: the block's dense MLP)."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = embed_scale
         rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
-            layer_cls(config, f"{prefix}.layers.{i}", rotary_emb, quant_config, **attn_options)
+            layer_cls(
+                config,
+                f"{prefix}.layers.{i}",
+                rotary_emb,
+                quant_config,
+                mlp_factory(i, f"{prefix}.layers.{i}.mlp") if mlp_factory else None,
+                **attn_options,
+            )
             for i in range(config.num_hidden_layers)
         )
         self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps)
@@ -274,6 +288,7 @@ class LlamaForCausalLM(nn.Module):
             layer_cls=cls.layer_cls,
             norm_cls=cls.layer_cls.norm_cls,
             embed_scale=cls.embed_scale(config),
+            mlp_factory=cls.mlp_factory(config, quant_config),
         )
 
     @classmethod
@@ -286,6 +301,11 @@ class LlamaForCausalLM(nn.Module):
         """The per-architecture knobs of the shared attention block."""
         bias = bool(getattr(config, "attention_bias", False))
         return {"qkv_bias": bias, "o_bias": bias, "qk_norm": False, "sliding_window": None}
+
+    @classmethod
+    def mlp_factory(cls, config: Any, quant_config: QuantizationConfig | None) -> MLPFactory | None:
+        """The feed-forward blocks of the layers (mixture-of-experts models); None: dense `LlamaMLP`s."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

@@ -239,8 +239,8 @@ def test_gguf_other_architectures_match_transformers(
 
 
 def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
-    path = _write_gguf(tmp_path / "phi.gguf", "phi3", "tiny-phi")
-    with pytest.raises(ValueError, match="GGUF architecture 'phi3' is not supported; supported: llama"):
+    path = _write_gguf(tmp_path / "falcon.gguf", "falcon", "tiny-falcon")
+    with pytest.raises(ValueError, match="GGUF architecture 'falcon' is not supported; supported: llama"):
         ModelConfig(model=str(path))
 
 

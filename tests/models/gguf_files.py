@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
@@ -115,6 +116,93 @@ def write_llama_gguf(
         writer.add_tensor(tensor_name, data, raw_dtype=None if qtype == Q.F32 else qtype)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter's q/k row permutation for "llama" files (HF half-split rotary layout to
+    its interleaved one)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_moe_gguf_from_hf(
+    hf: Any, path: Path, arch: str, name: str = "tiny-moe", tensor_types: dict[str, Q] | None = None
+) -> Path:
+    """Convert an in-memory transformers mixture-of-experts model (Qwen2-MoE, Qwen3-MoE, or Mixtral
+    as arch "llama") to GGUF as llama.cpp's converter lays it out: experts stacked per projection
+    (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`), the router as `ffn_gate_inp`, Qwen2-MoE's shared
+    expert as `ffn_*_shexp`, and q/k rows permuted for "llama". `tensor_types` as in `write_llama_gguf`."""
+    config = hf.config
+    types = tensor_types or {}
+    rng = np.random.default_rng(0)
+    state = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer = GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_expert_count(getattr(config, "num_experts", None) or config.num_local_experts)
+    writer.add_expert_used_count(config.num_experts_per_tok)
+    if arch != "llama":
+        writer.add_expert_feed_forward_length(config.moe_intermediate_size)
+    if getattr(config, "shared_expert_intermediate_size", 0):
+        writer.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
+    tensors = {"token_embd.weight": state["model.embed_tokens.weight"], "output_norm.weight": state["model.norm.weight"]}
+    if not config.tie_word_embeddings:
+        tensors["output.weight"] = state["lm_head.weight"]
+    hf_block = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+        "ffn_gate_inp": "mlp.gate",
+        "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+        "ffn_up_shexp": "mlp.shared_expert.up_proj",
+        "ffn_down_shexp": "mlp.shared_expert.down_proj",
+        "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    }
+    for i in range(config.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        for gguf_base, hf_name in hf_block.items():
+            for suffix in ("weight", "bias"):
+                w = state.get(f"{prefix}{hf_name}.{suffix}")
+                if w is None:
+                    continue
+                if arch == "llama" and gguf_base in ("attn_q", "attn_k"):
+                    w = _permute_rows(w, heads if gguf_base == "attn_q" else kv_heads)
+                tensors[f"blk.{i}.{gguf_base}.{suffix}"] = w.reshape(-1) if gguf_base == "ffn_gate_inp_shexp" else w
+        gate_up = state.get(f"{prefix}mlp.experts.gate_up_proj")
+        if gate_up is not None:
+            inter = gate_up.shape[1] // 2
+            tensors[f"blk.{i}.ffn_gate_exps.weight"] = gate_up[:, :inter]
+            tensors[f"blk.{i}.ffn_up_exps.weight"] = gate_up[:, inter:]
+            tensors[f"blk.{i}.ffn_down_exps.weight"] = state[f"{prefix}mlp.experts.down_proj"]
+    for tensor_name, w in tensors.items():
+        qtype = types.get(tensor_name.removesuffix(".weight").split(".")[-1], Q.F32)
+        data = _encode(np.ascontiguousarray(w, dtype=np.float32), qtype, rng)
+        writer.add_tensor(tensor_name, data, raw_dtype=None if qtype == Q.F32 else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -4,6 +4,11 @@ Tensor names are mapped to HF names, so the model's ordinary `load_weights` (wit
 gate/up folding) consumes them. llama.cpp's converter permutes the rows of the q and k projections
 of "llama" models (from HF's half-split rotary layout to its interleaved one); that permutation is
 undone here, exactly as transformers' GGUF loader does, so weights equal HF's.
+
+Mixture-of-experts files store each layer's experts as one 3-D tensor per projection
+(`ffn_gate_exps`, `ffn_up_exps`: [E, I, H]; `ffn_down_exps`: [E, H, I]); each is yielded as the E
+per-expert HF tensors (views, no copy), which the model's `expert_params_mapping` stacks again.
+Mixtral is the "llama" architecture with experts; its HF names are `block_sparse_moe.*`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 SUPPORTED_TENSOR_TYPES = frozenset(
     {
@@ -87,6 +94,25 @@ _ARCH_PER_BLOCK["olmo2"] = _PER_BLOCK | {
 # Architectures whose norm weights llama.cpp's converter stores plus one (Gemma's `1 + weight`
 # norms), undone here as transformers' GGUF loader does.
 _NORM_SHIFTED_ARCHS = {"gemma2", "gemma3"}
+# Mixture-of-experts tensors: the router, the shared expert (Qwen2-MoE) and the stacked experts, whose
+# HF name has the expert id in place of "{}".
+_QWEN_MOE_BLOCK = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_exps": "mlp.experts.{}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{}.up_proj",
+    "ffn_down_exps": "mlp.experts.{}.down_proj",
+}
+_MIXTRAL_BLOCK = {
+    "ffn_gate_inp": "block_sparse_moe.gate",
+    "ffn_gate_exps": "block_sparse_moe.experts.{}.w1",
+    "ffn_up_exps": "block_sparse_moe.experts.{}.w3",
+    "ffn_down_exps": "block_sparse_moe.experts.{}.w2",
+}
+_MOE_BLOCK = {"llama": _MIXTRAL_BLOCK, "qwen2moe": _QWEN_MOE_BLOCK, "qwen3moe": _QWEN_MOE_BLOCK}
 # Architectures whose q/k rows llama.cpp's converter permutes.
 _PERMUTED_ARCHS = {"llama", "mistral", "granite"}
 # Tables that are not weights of an HF module: llama.cpp's converter stores llama3 rope scaling as
@@ -156,15 +182,16 @@ def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarr
     return out.reshape(shape)
 
 
-def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str | None:
-    """The HF name of a GGUF tensor of an `arch` file, or None for tables HF does not store."""
+def hf_tensor_name(gguf_name: str, arch: str = "") -> str | None:
+    """The HF name of a GGUF tensor of a file of architecture `arch` (with "{}" for the expert id of
+    stacked experts), or None for tables HF does not store."""
     if gguf_name in _DERIVED:
         return None
     base, _, suffix = gguf_name.rpartition(".")
     if base in _TOP_LEVEL:
         return f"{_TOP_LEVEL[base]}.{suffix}"
     parts = base.split(".")
-    per_block = _ARCH_PER_BLOCK.get(arch, _PER_BLOCK)
+    per_block = _ARCH_PER_BLOCK.get(arch, _PER_BLOCK) | _MOE_BLOCK.get(arch, {})
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in per_block:
         return f"model.layers.{parts[1]}.{per_block[parts[2]]}.{suffix}"
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} is not understood by the loader")
@@ -193,10 +220,17 @@ def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
             w = w - 1
         if arch in _PERMUTED_ARCHS and info.name.endswith(("attn_q.weight", "attn_k.weight")):
             w = _unpermute_rows(w, n_head if ".attn_q." in info.name else n_kv_head)
+        if info.name.endswith("ffn_gate_inp_shexp.weight"):
+            w = w.reshape(1, -1)  # llama.cpp stores the one-row shared-expert gate as a vector
         with warnings.catch_warnings():
             # Unquantized tensors are read-only views of the memory-mapped file; we only read them.
             warnings.simplefilter("ignore", UserWarning)
-            yield name, torch.from_numpy(w)
+            tensor = torch.from_numpy(w)
+        if "{}" in name:
+            for expert in range(tensor.shape[0]):
+                yield name.format(expert), tensor[expert]
+        else:
+            yield name, tensor
 
 
 def rope_freq_factors(path: Path) -> torch.Tensor | None:

@@ -2,13 +2,18 @@
 
 A reader (safetensors, GGUF) yields `(HF name, tensor)`; the model declares how HF names fold into its
 fused parameters (`stacked_params_mapping`: `(fused module, checkpoint module, shard id)`) and which
-checkpoint names carry nothing it keeps (`skip_weight_substrs`). Each parameter loads itself through
+checkpoint names carry nothing it keeps (`skip_weight_substrs`), and which parts of checkpoint names
+it spells differently (`hf_name_substitutions`, applied first). Each parameter loads itself through
 its `weight_loader` attribute (shard- and tensor-parallel-rank-aware, set by its layer; plain
-parameters such as norms are copied whole), so this loop knows no layer type.
+parameters such as norms are copied whole), so this loop knows no layer type. Mixture-of-experts
+models also declare `expert_params_mapping` (`(stacked parameter prefix, checkpoint name part,
+expert id, shard id)`, see `pagedllm.layers.fused_moe`): each expert's projection is then loaded with
+`weight_loader(param, tensor, shard_id, expert_id)` into its slice of the stacked parameter.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,6 +26,11 @@ from pagedllm.models.loader.errors import ModelLoadError
 
 ShardId = str | int
 StackedParams = Sequence[tuple[str, str, ShardId]]
+ExpertParams = Sequence[tuple[str, str, int, str]]
+# A parameter's shard: a fused part's shard id, or (expert id, shard id) in a stacked expert parameter.
+ShardKey = ShardId | tuple[int, str]
+# The part of a checkpoint name that names one expert's projection ("experts.3.gate_proj.").
+_EXPERT_PART = re.compile(r"experts\.\d+\.[^.]+\.")
 
 
 def packed_modules(stacked: StackedParams) -> dict[str, list[str]]:
@@ -39,6 +49,15 @@ def _target(name: str, stacked: StackedParams) -> tuple[str, ShardId | None]:
     return name, None
 
 
+def _expert_target(name: str, experts: dict[str, tuple[str, int, str]]) -> tuple[str, tuple[int, str]] | None:
+    """`(stacked parameter name, (expert id, shard id))` of an expert's checkpoint tensor, else None."""
+    match = _EXPERT_PART.search(name)
+    if match is None or match.group(0) not in experts:
+        return None
+    param_prefix, expert, shard = experts[match.group(0)]
+    return name.replace(match.group(0), param_prefix), (expert, shard)
+
+
 class _Targets:
     """Where each HF checkpoint name of `model` loads: its (fused) parameter and shard."""
 
@@ -46,27 +65,49 @@ class _Targets:
         self.model_name = type(model).__name__
         self.stacked: StackedParams = getattr(model, "stacked_params_mapping", ())
         self.skipped: Sequence[str] = getattr(model, "skip_weight_substrs", ())
+        self.substitutions: dict[str, str] = getattr(model, "hf_name_substitutions", {})
+        expert_params: ExpertParams = getattr(model, "expert_params_mapping", ())
+        self.experts = {part: (prefix, expert, shard) for prefix, part, expert, shard in expert_params}
         self.params = dict(model.named_parameters())
         # Second names of a shared parameter (a tied LM head): loaded through its first name.
         self.aliases = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(self.params)
+        # The shards each fused or stacked-expert parameter needs from a full checkpoint.
+        self.shards_needed: dict[str, set[ShardKey]] = {}
+        for fused, _, shard in self.stacked:
+            for name in self.params:
+                if f".{fused}." in name:
+                    self.shards_needed.setdefault(name, set()).add(shard)
+        for prefix, _, expert, expert_shard in expert_params:
+            for name in self.params:
+                if f".{prefix}" in name:
+                    self.shards_needed.setdefault(name, set()).add((expert, expert_shard))
+
+    def rename(self, name: str) -> str:
+        """The checkpoint name as the model spells it (`hf_name_substitutions`)."""
+        for old, new in self.substitutions.items():
+            name = name.replace(old, new)
+        return name
 
     def skip(self, name: str) -> bool:
         return name in self.aliases or any(s in name for s in self.skipped)
 
-    def resolve(self, name: str) -> tuple[str, ShardId | None, nn.Parameter]:
-        target, shard = _target(name, self.stacked)
+    def resolve(self, name: str) -> tuple[str, ShardKey | None, nn.Parameter]:
+        expert_target = _expert_target(name, self.experts) if self.experts else None
+        target, shard = expert_target or _target(name, self.stacked)
         param = self.params.get(target)
         if param is None:
             raise ValueError(f"checkpoint tensor {name!r} has no matching parameter in {self.model_name}")
         return target, shard, param
 
 
-def _load_one(param: nn.Parameter, target: str, tensor: torch.Tensor, shard: ShardId | None) -> None:
+def _load_one(param: nn.Parameter, target: str, tensor: torch.Tensor, shard: ShardKey | None) -> None:
     loader = getattr(param, "weight_loader", None)
     if shard is None:
         (loader or default_weight_loader)(param, tensor)
     elif loader is None:
         raise ValueError(f"parameter {target!r} takes no shards")
+    elif isinstance(shard, tuple):  # one expert's projection in a stacked expert parameter
+        loader(param, tensor, shard[1], shard[0])
     else:
         loader(param, tensor, shard)
 
@@ -97,6 +138,7 @@ def check_weights(model: nn.Module, specs: Iterable[tuple[str, Sequence[int], to
     problems: list[str] = []
     with _DryRunCopies():
         for name, shape, dtype in specs:
+            name = targets.rename(name)
             if targets.skip(name):
                 continue
             try:
@@ -117,14 +159,10 @@ def load_weights(
     (with `require_all`, as for a full checkpoint; not for a weight update) on parameters (or fused
     shards) the checkpoint did not provide. Returns the loaded names."""
     targets = _Targets(model)
-    shards_needed: dict[str, set[ShardId]] = {}
-    for fused, _, shard in targets.stacked:
-        for name in targets.params:
-            if f".{fused}." in name:
-                shards_needed.setdefault(name, set()).add(shard)
-    shards_seen: dict[str, set[ShardId]] = {}
+    shards_seen: dict[str, set[ShardKey]] = {}
     loaded: set[str] = set()
     for name, tensor in weights:
+        name = targets.rename(name)
         if targets.skip(name):
             continue
         try:
@@ -140,7 +178,9 @@ def load_weights(
         loaded.add(target)
     if not require_all:
         return loaded
-    partial = sorted(n for n, need in shards_needed.items() if n in loaded and shards_seen.get(n) != need)
+    partial = sorted(
+        n for n, need in targets.shards_needed.items() if n in loaded and shards_seen.get(n) != need
+    )
     missing = sorted(set(targets.params) - loaded) + partial
     if missing:
         raise ModelLoadError(_listed("checkpoint is missing weights for", missing))
