@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,6 +16,8 @@ class SampleRequest:
     # Exactly one of these is set.
     prompt_token_ids: list[int] | None = None
     messages: list[dict[str, str]] | None = None
+    # The JSON schema the output must follow (the `json` workload).
+    schema: dict[str, Any] | None = None
 
     @property
     def prompt_len(self) -> int | None:

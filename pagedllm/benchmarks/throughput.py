@@ -9,6 +9,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from pagedllm.benchmarks import structured_output
 from pagedllm.benchmarks.datasets import SampleRequest, chat_requests, parse_range, random_requests
 from pagedllm.benchmarks.hf_baseline import BaselineResult, add_baseline_args, hf_models, run_hf_generate
 from pagedllm.benchmarks.model_stats import ModelStats
@@ -47,7 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument(
         "--dataset",
         default="random",
-        help="'random' (random token ids) or a JSONL file of chat prompts (rows with 'messages').",
+        help="'random' (random token ids), 'json' (chat prompts each asking for JSON under one of a few "
+        "schemas, --input-len ignored: run constrained and unconstrained, reporting both and the grammar "
+        "compile times) or a JSONL file of chat prompts (rows with 'messages').",
     )
     group.add_argument("--num-prompts", type=int, default=256)
     group.add_argument("--input-len", default="128..512", help="Random prompt length: N or LOW..HIGH.")
@@ -68,6 +71,8 @@ def build_workload(args: argparse.Namespace, llm) -> list[SampleRequest]:
         return random_requests(
             args.num_prompts, parse_range(args.input_len), args.output_len, vocab, args.seed_workload, special
         )
+    if args.dataset == "json":
+        return structured_output.json_requests(args.num_prompts, args.output_len, tokenizer)
     requests = chat_requests(args.dataset, args.num_prompts, args.output_len)
     # Render the chat template once here so both engines see the same token ids.
     from pagedllm.chat_template import apply_chat_template
@@ -92,6 +97,8 @@ def run_pagedllm(llm, requests: list[SampleRequest]) -> ThroughputResult:
 def run(args: argparse.Namespace) -> int:
     from pagedllm.llm import LLM
 
+    if args.dataset == "json" and args.baseline == "hf":
+        raise ValueError("--baseline hf does not take --dataset json (HF generate has no grammar)")
     engine_args = EngineArgs.from_cli_args(args)
     llm = LLM.from_engine_args(engine_args)
     model_config = llm.llm_engine.model_config
@@ -101,7 +108,12 @@ def run(args: argparse.Namespace) -> int:
         Roofline.measure, model_config.dtype, stats.hidden_size, stats.intermediate_size
     )
     before = probe()
-    result = run_pagedllm(llm, requests)
+    if args.dataset == "json":
+        structured = _run_structured(llm, requests)
+        result = structured.pop("result")
+    else:
+        structured = None
+        result = run_pagedllm(llm, requests)
     roofline = before.best(probe())
     compute_limit = roofline.compute_tokens_per_s(stats.num_params)
     report = {
@@ -126,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
         f"roofline: {roofline.describe()}; compute limit {compute_limit:.0f} tok/s "
         f"-> {report['fraction_of_compute_roofline']:.1%} of it"
     )
+    if structured is not None:
+        report["structured_outputs"] = structured
     if args.baseline == "hf":
         llm.llm_engine.shutdown()
         del llm
@@ -147,6 +161,39 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output_json, "w") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _run_structured(llm, requests: list[SampleRequest]) -> dict:
+    """The json workload: compile times, then the same requests constrained and unconstrained. The
+    returned "result" (the constrained run) is the throughput the report leads with."""
+    core = getattr(llm.llm_engine.engine_core, "core", None)
+    if core is None or core.structured_output_manager is None:
+        raise ValueError("--dataset json needs the engine core in this process and a tokenizer")
+    compile_report = structured_output.compile_times(core.structured_output_manager)
+    for entry in compile_report["schemas"]:
+        print(
+            f"grammar compile ({compile_report['backend']}) {entry['schema']}: cold "
+            f"{entry['cold_s'] * 1e3:.1f} ms, cached {entry['cached_s'] * 1e3:.3f} ms"
+        )
+    runs = structured_output.run_constrained_and_not(llm, requests)
+    num_in = sum(len(r.prompt_token_ids or ()) for r in requests)
+    constrained, unconstrained = (
+        ThroughputResult(run.elapsed, len(requests), num_in, sum(run.output_lens)) for run in runs
+    )
+    ratio = constrained.total_tokens_per_s / unconstrained.total_tokens_per_s
+    print(
+        f"structured outputs: constrained {constrained.output_tokens_per_s:.1f} output tok/s, "
+        f"unconstrained {unconstrained.output_tokens_per_s:.1f} (same requests and lengths): "
+        f"{ratio:.3f}x; {runs[0].num_valid_json}/{len(requests)} constrained outputs parse as JSON"
+    )
+    return {
+        "result": constrained,
+        "constrained": {**asdict(constrained), "total_tokens_per_s": constrained.total_tokens_per_s},
+        "unconstrained": {**asdict(unconstrained), "total_tokens_per_s": unconstrained.total_tokens_per_s},
+        "ratio_constrained_vs_unconstrained": ratio,
+        "num_valid_json": runs[0].num_valid_json,
+        "compile": compile_report,
+    }
 
 
 def _run_baselines(

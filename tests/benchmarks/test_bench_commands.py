@@ -108,3 +108,27 @@ def test_startup_serves_a_request_and_stops_the_server(model_dir: Path, tmp_path
         if p.pid not in before and "serve" in (p.info["cmdline"] or [])
     ]
     assert leftover == []
+
+
+def test_throughput_json_workload_runs_constrained_and_not(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "json.json"
+    engine = [*ENGINE, "--max-model-len", "512"]  # the prompts carry their schema: ~500 tiny tokens
+    args = ["--dataset", "json", "--num-prompts", "4", "--output-len", "6", "--output-json", str(out)]
+    result = bench("throughput", "--model", str(model_dir), *engine, *args)
+    report = json.loads(out.read_text())
+    structured = report["structured_outputs"]
+    constrained, unconstrained = structured["constrained"], structured["unconstrained"]
+    # The unconstrained run computes exactly the constrained run's tokens: only the grammar differs.
+    assert constrained["num_output_tokens"] == unconstrained["num_output_tokens"] > 0
+    assert constrained["num_input_tokens"] == unconstrained["num_input_tokens"]
+    assert report["output_tokens_per_s"] == pytest.approx(
+        constrained["num_output_tokens"] / constrained["elapsed"]
+    )
+    assert structured["ratio_constrained_vs_unconstrained"] == pytest.approx(
+        constrained["total_tokens_per_s"] / unconstrained["total_tokens_per_s"]
+    )
+    compile_report = structured["compile"]
+    assert compile_report["backend"] == "xgrammar" and len(compile_report["schemas"]) == 4
+    for entry in compile_report["schemas"]:
+        assert 0 < entry["cached_s"] < entry["cold_s"]
+    assert "structured outputs: constrained" in result.stdout

@@ -1,7 +1,9 @@
 """Structured outputs end to end on the embedded SmolLM2-135M-Instruct, sampling at temperature 1.0 (where
 the model would otherwise stray): every output of a nested JSON schema validates, regex, choice and GBNF
-outputs match, a seeded constrained request is the same on a prefix-cache hit (batch-invariant mode,
-prompts prefilled in chunks), and a bad schema is refused alone before it is queued."""
+outputs match, a seeded constrained request gives the same tokens on a prefix-cache hit, without prefix
+caching and unchunked, and when preempted and recomputed (batch-invariant mode), n > 1 children each
+follow their grammar up to a stop string, and a bad schema is refused alone while the good requests
+beside it finish."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import jsonschema
 import pytest
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.chat_template import apply_chat_template
+from pagedllm.config.args import EngineArgs
+from pagedllm.engine.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.slow
 
@@ -43,19 +48,71 @@ def params(seed: int, max_tokens: int = 120, **constraint: object) -> SamplingPa
     return SamplingParams(temperature=1.0, seed=seed, max_tokens=max_tokens, structured_outputs=constraint)
 
 
+# A short record whose compact JSON is ~20 tokens: cheap to generate several times.
+SMALL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 10},
+        "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+        "kind": {"enum": ["town", "capital"]},
+    },
+    "required": ["city", "stars", "kind"],
+}
+# 32-token chunks split every prompt.
+ENGINE = {"max_model_len": 512, "optimization_level": 0, "max_num_batched_tokens": 32, "dtype": "float32"}
+
+
 @pytest.fixture(scope="module")
 def llm() -> Iterator[LLM]:
-    # Batch invariance makes a prefix hit bitwise the same as the cold run (sampling at temperature 1
-    # would otherwise amplify float summation-order differences); 32-token chunks split every prompt.
+    # Batch invariance makes a prefix hit, another chunking or a recompute after preemption bitwise the
+    # same as the first run (sampling at temperature 1 would otherwise amplify float summation-order
+    # differences). It stays set for the module: the other engines below are built under it too.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PAGEDLLM_BATCH_INVARIANT", "1")
-        yield LLM(
-            max_model_len=512,
-            kv_cache_memory_bytes=64 << 20,
-            optimization_level=0,
-            max_num_batched_tokens=32,
-            dtype="float32",
+        yield LLM(kv_cache_memory_bytes=64 << 20, **ENGINE)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def small_requests(llm: LLM) -> list[tuple[dict, SamplingParams]]:
+    """Two seeded SMALL_SCHEMA requests as token prompts (any engine takes them as they are)."""
+    tokenizer = llm.get_tokenizer()
+    cities = ["France", "Peru"]
+    requests = []
+    for seed, country in enumerate(cities):
+        text = apply_chat_template(
+            tokenizer,
+            [{"role": "user", "content": f"Rate a city of {country} as JSON."}],
+            add_generation_prompt=True,
         )
+        prompt = {"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+        requests.append((prompt, params(seed, 40, json=SMALL_SCHEMA, disable_any_whitespace=True)))
+    return requests
+
+
+def run_engine(engine: LLMEngine, requests: list[tuple[dict, SamplingParams]]) -> tuple[list[list[int]], int]:
+    """Each request's output tokens (checked to validate), and the preemptions seen on the way."""
+    for i, (prompt, sampling) in enumerate(requests):
+        engine.add_request(str(i), prompt, sampling)
+    tokens: dict[str, list[int]] = {}
+    preemptions = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                completion = output.outputs[0]
+                assert completion.finish_reason == "stop", completion.text
+                jsonschema.validate(json.loads(completion.text), SMALL_SCHEMA)
+                tokens[output.request_id] = list(completion.token_ids)
+        if engine.scheduler_stats is not None:
+            preemptions += engine.scheduler_stats.num_preemptions
+    return [tokens[str(i)] for i in range(len(requests))], preemptions
+
+
+@pytest.fixture(scope="module")
+def reference(llm: LLM, small_requests: list[tuple[dict, SamplingParams]]) -> list[list[int]]:
+    """The module engine's outputs (prefix caching on, 32-token chunks, ample KV)."""
+    tokens, preemptions = run_engine(llm.llm_engine, small_requests)
+    assert preemptions == 0
+    return tokens
 
 
 def test_nested_json_schema_outputs_validate(llm: LLM) -> None:
@@ -101,3 +158,61 @@ def test_bad_schema_is_refused_before_it_is_queued(llm: LLM) -> None:
     # Nothing of the refused batch was left in the engine; the next request runs normally.
     (output,) = llm.chat([PROMPT], params(2, 16, choice=["yes", "no"]), use_tqdm=False)
     assert output.outputs[0].text in ("yes", "no")
+
+
+def test_same_outputs_on_a_prefix_hit_and_without_prefix_caching_or_chunking(
+    llm: LLM, small_requests: list[tuple[dict, SamplingParams]], reference: list[list[int]]
+) -> None:
+    hit, _ = run_engine(llm.llm_engine, small_requests)
+    assert hit == reference
+    # Prefix caching off and the whole prompt in one step (the default budget).
+    args = EngineArgs(
+        **{**ENGINE, "max_num_batched_tokens": 2048},  # type: ignore[arg-type]
+        kv_cache_memory_bytes=64 << 20,
+        enable_prefix_caching=False,
+    )
+    plain, _ = run_engine(LLMEngine.from_engine_args(args), small_requests)
+    assert plain == reference
+
+
+def test_same_outputs_when_preempted_and_recomputed(
+    small_requests: list[tuple[dict, SamplingParams]], reference: list[list[int]]
+) -> None:
+    # 6 blocks of 16 tokens hold one of the two ~60-token sequences: the other is preempted and
+    # recomputes its prompt and outputs (16-token chunks) while its matcher keeps its state.
+    args = EngineArgs(
+        **{**ENGINE, "max_model_len": 96, "max_num_batched_tokens": 16},  # type: ignore[arg-type]
+        num_gpu_blocks_override=6,
+        enable_prefix_caching=False,
+    )
+    tokens, preemptions = run_engine(LLMEngine.from_engine_args(args), small_requests)
+    assert preemptions > 0, "the KV budget was meant to force preemption"
+    assert tokens == reference
+
+
+def test_n_children_follow_the_grammar_up_to_a_stop_string(llm: LLM) -> None:
+    constraint = {"json": SMALL_SCHEMA, "disable_any_whitespace": True}
+    sampling = SamplingParams(
+        n=2, stop=['"kind"'], temperature=1.0, seed=5, max_tokens=40, structured_outputs=constraint
+    )
+    (output,) = llm.chat([PROMPT], sampling, use_tqdm=False)
+    assert len(output.outputs) == 2
+    for completion in output.outputs:
+        assert completion.finish_reason == "stop" and completion.stop_reason == '"kind"', completion.text
+        # Cut before the last property: completing it must give a valid object.
+        jsonschema.validate(json.loads(completion.text + '"kind":"town"}'), SMALL_SCHEMA)
+
+
+def test_bad_schema_fails_alone_among_good_requests(
+    llm: LLM, small_requests: list[tuple[dict, SamplingParams]], reference: list[list[int]]
+) -> None:
+    engine = llm.llm_engine
+    prompt, _ = small_requests[0]
+    engine.add_request("good-0", *small_requests[0])
+    with pytest.raises(ValueError, match="structured_outputs.json is invalid"):
+        engine.add_request("bad", prompt, params(0, json={"type": "object", "required": "city"}))
+    engine.add_request("good-1", *small_requests[1])
+    finished: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: list(o.outputs[0].token_ids) for o in engine.step() if o.finished})
+    assert finished == {"good-0": reference[0], "good-1": reference[1]}

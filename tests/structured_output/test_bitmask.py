@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from pagedllm.core.sched_output import GrammarOutput
-from pagedllm.structured_output.bitmask import apply_grammar_bitmask, unpack_bitmask
+from pagedllm.structured_output.bitmask import apply_grammar_bitmask, forbidden_tokens
 
 
 def pack(allowed: np.ndarray) -> np.ndarray:
@@ -23,7 +23,20 @@ def test_unpack_round_trips_every_bit_including_the_sign_bit() -> None:
     rng = np.random.default_rng(0)
     allowed = rng.random((3, 100)) < 0.5
     allowed[:, 31] = True  # bit 31 of word 0: the int32 sign bit
-    assert np.array_equal(unpack_bitmask(torch.from_numpy(pack(allowed)), 100).numpy(), allowed)
+    allowed[1, 63] = False
+    assert np.array_equal(forbidden_tokens(pack(allowed), 100), ~allowed)
+
+
+def test_a_contiguous_run_of_rows_is_masked_in_place() -> None:
+    rng = np.random.default_rng(2)
+    vocab = 100
+    logits = torch.randn(4, vocab)
+    expected = logits.clone()
+    storage = logits.data_ptr()
+    allowed = rng.random((2, vocab)) < 0.3
+    apply_grammar_bitmask(logits, GrammarOutput(["b", "c"], pack(allowed)), ["a", "b", "c", "d"])
+    expected[1:3][~torch.from_numpy(allowed)] = float("-inf")
+    assert torch.equal(logits, expected) and logits.data_ptr() == storage
 
 
 def test_only_constrained_rows_are_masked_by_request_id() -> None:

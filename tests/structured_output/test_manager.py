@@ -12,13 +12,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from tiny_llm import build_tokenizer, make_tiny_llm
 from transformers import AutoModelForCausalLM
 
 from pagedllm import LLM, SamplingParams
 from pagedllm.structured_output.backends import apply_engine_config
-from pagedllm.structured_output.bitmask import unpack_bitmask
+from pagedllm.structured_output.bitmask import forbidden_tokens
 from pagedllm.structured_output.manager import StructuredOutputManager, StructuredOutputRequest
 from pagedllm.structured_output.params import StructuredOutputsParams
 
@@ -54,7 +53,7 @@ def ready(manager: StructuredOutputManager, fields: dict) -> StructuredOutputReq
 
 def allowed_ids(manager: StructuredOutputManager, grammars: list[StructuredOutputRequest]) -> list[list[int]]:
     bitmask = manager.grammar_bitmask(grammars)
-    allowed = unpack_bitmask(torch.from_numpy(bitmask), manager.vocab_size).numpy()
+    allowed = ~forbidden_tokens(bitmask, manager.vocab_size)
     return [np.flatnonzero(row).tolist() for row in allowed]
 
 
