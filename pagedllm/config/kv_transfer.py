@@ -54,16 +54,29 @@ class KVTransferConfig:
 
 @config
 class KVEventsConfig:
-    """Configuration of KV cache event publishing (block stored / removed)."""
+    """Configuration of KV cache event publishing (blocks stored in / removed from the prefix cache)."""
 
     enable_kv_cache_events: bool = False
-    """Publish KV cache events."""
-    publisher: Literal["null", "zmq"] = "null"
-    """Event publisher; "null" publishes nothing."""
+    """Record KV cache events (block stored / removed / all cleared) and hand them to the publisher."""
+    publisher: Literal["null", "zmq"] | None = None
+    """Event publisher: "zmq" publishes, "null" drops the events. Unset: "zmq" when events are enabled,
+    "null" otherwise."""
     endpoint: str = "tcp://*:5557"
-    """ZMQ endpoint events are published on."""
+    """ZMQ PUB endpoint of the events (a `*`, `::`, ipc:// or inproc:// address binds, others connect)."""
+    replay_endpoint: str | None = None
+    """ZMQ ROUTER endpoint where subscribers ask for missed batches (from a sequence number on)."""
+    buffer_steps: int = Field(default=10_000, ge=1)
+    """How many of the latest event batches the replay endpoint keeps."""
+    hwm: int = Field(default=100_000, ge=0)
+    """ZMQ high-water mark of the PUB socket: batches beyond it are dropped for a slow subscriber."""
+    max_queue_size: int = Field(default=100_000, ge=1)
+    """Batches waiting for the publisher thread; when full, the engine step waits for room."""
     topic: str = ""
-    """ZMQ topic of the events."""
+    """ZMQ topic of the events (the first frame of each message)."""
+
+    def __post_init__(self) -> None:
+        if self.publisher is None:
+            self.publisher = "zmq" if self.enable_kv_cache_events else "null"
 
     def compute_hash(self) -> str:
         return hash_fields(self, ())

@@ -38,7 +38,7 @@ SUPPORTED = (
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
     "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
-    "profiler"
+    "profiler; KV cache events (kv_events_config, publisher 'zmq' or 'null')"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -75,7 +75,6 @@ def _named(prefix: str, names: list[str], what: str) -> tuple[bool, str]:
 def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     mc, cc, pc, sc = cfg.model_config, cfg.cache_config, cfg.parallel_config, cfg.scheduler_config
     passes = cfg.compilation_config.pass_config
-    kve = cfg.kv_events_config
     prof, wt = cfg.profiler_config, cfg.weight_transfer_config
     wt_extra = sorted(set(wt.extra) - set(WEIGHT_TRANSFER_EXTRA)) if wt is not None else []
     priority = cfg.kernel_config.ir_op_priority
@@ -92,7 +91,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             and cfg.kv_transfer_config.kv_connector is not None,
             "kv_transfer_config.kv_connector (KV transfer connectors such as NIXL)",
         ),
-        _named("kv_events_config", _changed(kve) if kve is not None else [], "KV cache events"),
         (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
         (
             cfg.ec_manager_config.manager_cls is not None,

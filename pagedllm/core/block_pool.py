@@ -11,8 +11,13 @@ beginnings. Touching a cached block removes it from the middle of the list, henc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from pagedllm.core.hashing import BlockHash
+from pagedllm.core.hashing import BlockHash, request_extra_keys
+from pagedllm.core.kv_events import KVEventRecorder
+
+if TYPE_CHECKING:
+    from pagedllm.core.request import Request
 
 
 class KVCacheBlock:
@@ -94,7 +99,7 @@ class FreeKVCacheBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, kv_events: KVEventRecorder | None = None) -> None:
         if num_blocks <= 0:
             raise ValueError(f"the KV cache needs at least one block, got num_blocks={num_blocks}")
         self.num_blocks = num_blocks
@@ -103,6 +108,8 @@ class BlockPool:
         # One block per hash. Two requests that compute the same block at the same time (neither hit
         # the other) leave the second copy uncached; it is freed like any other block.
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        # Records blocks entering and leaving the hash map (None: KV cache events are off).
+        self.kv_events = kv_events
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
@@ -113,9 +120,12 @@ class BlockPool:
         block_hashes: list[BlockHash],
         num_cached_blocks: int,
         num_full_blocks: int,
+        request: Request | None = None,
     ) -> None:
-        """Register blocks[num_cached_blocks:num_full_blocks] of one request under their hashes."""
+        """Register blocks[num_cached_blocks:num_full_blocks] of one request under their hashes (the
+        request's tokens go into the KV cache events)."""
         table = self.cached_block_hash_to_block
+        stored: list[int] = []
         for i in range(num_cached_blocks, num_full_blocks):
             block = blocks[i]
             if block.block_hash is not None:
@@ -125,26 +135,58 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             table[block_hash] = block
+            stored.append(i)
+        if self.kv_events is not None and stored and request is not None:
+            self._record_stored(stored, block_hashes, request)
+
+    def _record_stored(self, stored: list[int], block_hashes: list[BlockHash], request: Request) -> None:
+        """One BlockStored per run of consecutive registered blocks (a block another request had
+        registered first splits the run: it is not this request's to announce)."""
+        assert self.kv_events is not None
+        block_size = self.kv_events.block_size
+        extra_keys = request_extra_keys(request)
+        lora_id = request.lora_int_id or None
+        start = 0
+        for k in range(1, len(stored) + 1):
+            if k < len(stored) and stored[k] == stored[k - 1] + 1:
+                continue
+            first, last = stored[start], stored[k - 1]
+            self.kv_events.record_stored(
+                block_hashes[first : last + 1],
+                block_hashes[first - 1] if first > 0 else None,
+                request.all_token_ids[first * block_size : (last + 1) * block_size],
+                extra_keys,
+                lora_id,
+            )
+            start = k
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take blocks from the head of the free list (evicting their cached content)."""
         blocks = self.free_block_queue.popleft_n(num_blocks)
+        removed: list[BlockHash] = []
         for block in blocks:
             if block.block_hash is not None:
-                self._evict(block)
+                self._evict(block, removed)
             block.ref_cnt = 1
+        if removed and self.kv_events is not None:
+            self.kv_events.record_removed(removed)
         return blocks
 
     def uncache_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Withdraw blocks from the prefix cache (their KV will not be written after all)."""
+        removed: list[BlockHash] = []
         for block in blocks:
             if block.block_hash is not None:
-                self._evict(block)
+                self._evict(block, removed)
+        if removed and self.kv_events is not None:
+            self.kv_events.record_removed(removed)
 
-    def _evict(self, block: KVCacheBlock) -> None:
+    def _evict(self, block: KVCacheBlock, removed: list[BlockHash]) -> None:
+        """Forget the block's hash, appending it to `removed` if it left the hash map."""
         assert block.block_hash is not None
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
+            removed.append(block.block_hash)
         block.block_hash = None
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -172,6 +214,8 @@ class BlockPool:
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.kv_events is not None:
+            self.kv_events.record_all_cleared()
         return True
 
     def get_num_free_blocks(self) -> int:

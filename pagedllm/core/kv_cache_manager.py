@@ -7,6 +7,7 @@ num_blocks - 1, exactly the dim-1 indices of the runner's cache tensors.
 from __future__ import annotations
 
 from pagedllm.core.block_pool import BlockPool, KVCacheBlock
+from pagedllm.core.kv_events import KVCacheEvent, KVEventRecorder
 from pagedllm.core.request import Request
 
 
@@ -16,12 +17,19 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(
-        self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool = True,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_blocks)
+        # Without prefix caching no block is ever registered: there would be nothing to report.
+        self.kv_events = KVEventRecorder(block_size) if enable_kv_cache_events and enable_caching else None
+        self.block_pool = BlockPool(num_blocks, self.kv_events)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request are registered in the prefix cache already, so each
         # allocation only looks at the blocks that filled up since.
@@ -109,7 +117,9 @@ class KVCacheManager:
             num_full = min((num_computed + num_new_tokens) // self.block_size, len(request.block_hashes))
             num_cached = self.num_cached_blocks.get(req_id, 0)
             if num_full > num_cached:
-                self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full)
+                self.block_pool.cache_full_blocks(
+                    req_blocks, request.block_hashes, num_cached, num_full, request
+                )
                 self.num_cached_blocks[req_id] = num_full
         return new_blocks
 
@@ -148,3 +158,7 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> bool:
         return self.block_pool.reset_prefix_cache()
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """The KV cache events since the last call (none while events are off)."""
+        return self.kv_events.take_events() if self.kv_events is not None else []

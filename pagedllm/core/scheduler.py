@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
+from pagedllm.core.kv_events import KVCacheEvent
 from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from pagedllm.core.request import GrammarState, Request, RequestStatus
 from pagedllm.core.request_queue import RequestQueue
@@ -46,6 +47,7 @@ class Scheduler:
         max_model_len: int,
         log_stats: bool = True,
         structured_output_manager: GrammarBitmaskFiller | None = None,
+        enable_kv_cache_events: bool = False,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -86,7 +88,11 @@ class Scheduler:
                 "with chunked prefill disabled: a long prompt could never be scheduled"
             )
         self.kv_cache_manager = KVCacheManager(
-            num_blocks, self.block_size, max_model_len, enable_caching=cache_config.enable_prefix_caching
+            num_blocks,
+            self.block_size,
+            max_model_len,
+            enable_caching=cache_config.enable_prefix_caching,
+            enable_kv_cache_events=enable_kv_cache_events,
         )
         self.requests: dict[str, Request] = {}
         self.waiting = RequestQueue(self.policy)
@@ -195,6 +201,10 @@ class Scheduler:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
+
+    def take_kv_events(self) -> list[KVCacheEvent]:
+        """The KV cache events since the last call, for the engine core to publish."""
+        return self.kv_cache_manager.take_events()
 
     # ---------------------------------------------------------------------------------- schedule
     def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:

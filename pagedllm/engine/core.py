@@ -15,6 +15,7 @@ from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
+from pagedllm.distributed.kv_events import make_event_publisher
 from pagedllm.engine.core_ops import EngineCoreOps
 from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
@@ -47,8 +48,10 @@ class EngineCore(EngineCoreOps):
                 engine_config.model_config.max_model_len,
                 log_stats=log_stats,
                 structured_output_manager=self.structured_output_manager,
+                enable_kv_cache_events=_kv_events_enabled(engine_config),
             )
             self.block_hasher = get_request_block_hasher(cache_config)
+            self.kv_event_publisher = make_event_publisher(engine_config.kv_events_config)
         except BaseException:
             self.model_executor.shutdown()
             raise
@@ -145,15 +148,32 @@ class EngineCore(EngineCoreOps):
         if self._admission_errors:
             outputs.errors = self._admission_errors
             self._admission_errors = {}
+        self.kv_event_publisher.publish_events(self.scheduler.take_kv_events())
         return outputs
 
     def reset_prefix_cache(self) -> bool:
-        return bool(self.scheduler.reset_prefix_cache())
+        reset = bool(self.scheduler.reset_prefix_cache())
+        self.kv_event_publisher.publish_events(self.scheduler.take_kv_events())
+        return reset
+
+    def call_utility(self, method: str, args: Any = (), kwargs: dict[str, Any] | None = None) -> Any:
+        try:
+            return super().call_utility(method, args, kwargs)
+        finally:
+            # Sleep and weight updates clear the prefix cache: subscribers learn it now, not with
+            # the next request's step.
+            self.kv_event_publisher.publish_events(self.scheduler.take_kv_events())
 
     def shutdown(self) -> None:
         if self.structured_output_manager is not None:
             self.structured_output_manager.shutdown()
+        self.kv_event_publisher.shutdown()
         self.model_executor.shutdown()
+
+
+def _kv_events_enabled(engine_config: Any) -> bool:
+    kv_events_config = engine_config.kv_events_config
+    return kv_events_config is not None and kv_events_config.enable_kv_cache_events
 
 
 def _make_structured_output_manager(engine_config: Any) -> StructuredOutputManager | None:

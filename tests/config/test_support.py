@@ -114,7 +114,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
             "show_hidden_metrics_for_version",
         ),
         ({"logging_config": LoggingConfig(max_log_len=10)}, "max_log_len"),
-        ({"kv_events_config": KVEventsConfig(topic="kv")}, "kv_events_config.topic"),
     ],
 )
 def test_option_of_missing_feature_rejected(fields: dict, flag: str) -> None:
