@@ -59,7 +59,8 @@ DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
 
 
 class Subscriber:
-    """SUB socket on the event stream (and a REQ socket on the replay endpoint, if given)."""
+    """SUB socket on the event stream, and a DEALER socket on the replay endpoint if given (the replay
+    streams many replies to one request, which a REQ socket would drop after the first)."""
 
     def __init__(self, endpoint: str, topic: str = "", replay_endpoint: str | None = None) -> None:
         self.ctx = zmq.Context()
@@ -69,7 +70,7 @@ class Subscriber:
         self.topic = topic.encode()
         self.replay: zmq.Socket | None = None
         if replay_endpoint is not None:
-            self.replay = self.ctx.socket(zmq.REQ)
+            self.replay = self.ctx.socket(zmq.DEALER)
             self.replay.connect(replay_endpoint)
 
     def receive(self, idle_timeout_s: float = 1.0) -> list[tuple[int, KVEventBatch]]:
@@ -83,11 +84,11 @@ class Subscriber:
 
     def request_replay(self, start_seq: int, timeout_s: float = 5.0) -> list[tuple[int, KVEventBatch]]:
         assert self.replay is not None
-        self.replay.send(start_seq.to_bytes(8, "big"))
+        self.replay.send_multipart((b"", start_seq.to_bytes(8, "big")))
         out = []
         deadline = time.monotonic() + timeout_s
         while self.replay.poll(int(max(deadline - time.monotonic(), 0) * 1000)):
-            seq, payload = self.replay.recv_multipart()
+            _, seq, payload = self.replay.recv_multipart()
             if not payload:
                 assert int.from_bytes(seq, "big", signed=True) == -1
                 return out

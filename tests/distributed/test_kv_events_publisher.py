@@ -1,0 +1,82 @@
+"""The ZMQ KV event publisher against a subscriber written for vLLM: frames, sequence numbers, replay."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from kv_event_subscriber import BlockRemoved, BlockStored, Subscriber
+
+from pagedllm.config.kv_transfer import KVEventsConfig
+from pagedllm.core.kv_events import AllBlocksCleared, KVEventRecorder
+from pagedllm.distributed.kv_events import EventPublisher, ZmqEventPublisher, make_event_publisher
+
+
+def _events(i: int) -> list:
+    recorder = KVEventRecorder(block_size=2)
+    recorder.record_stored([bytes([i]) * 16], None, [i, i + 1])
+    recorder.record_removed([bytes([i]) * 16])
+    return recorder.take_events()
+
+
+def test_batches_arrive_in_order_with_contiguous_sequence_numbers_and_replay(tmp_path: Path) -> None:
+    endpoint, replay = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint, replay_endpoint=replay, topic="kv")
+    publisher = make_event_publisher(config)
+    assert isinstance(publisher, ZmqEventPublisher)
+    sub = Subscriber(endpoint, "kv", replay)
+    try:
+        time.sleep(0.3)  # a SUB socket only sees messages sent after it joined
+        for i in range(20):
+            publisher.publish_events(_events(i))
+        publisher.publish_events([])  # an idle step publishes nothing
+        publisher.publish_events([AllBlocksCleared()])
+        live = sub.receive()
+        assert [seq for seq, _ in live] == list(range(21))
+        first = live[0][1]
+        assert first.data_parallel_rank == 0 and first.ts <= time.time()
+        stored, removed = first.events
+        assert isinstance(stored, BlockStored) and isinstance(removed, BlockRemoved)
+        assert stored.token_ids == [0, 1] and stored.block_size == 2 and stored.medium == "GPU"
+        assert stored.block_hashes == removed.block_hashes == [0]
+        # A subscriber that missed batches 15.. asks for them again.
+        replayed = sub.request_replay(15)
+        assert [seq for seq, _ in replayed] == list(range(15, 21))
+        assert replayed == live[15:]
+    finally:
+        sub.close()
+        publisher.shutdown()
+
+
+def test_the_replay_buffer_keeps_the_last_buffer_steps_batches(tmp_path: Path) -> None:
+    endpoint, replay = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    publisher = ZmqEventPublisher(endpoint, replay, buffer_steps=3)
+    sub = Subscriber(endpoint, "", replay)
+    try:
+        for i in range(6):
+            publisher.publish_events(_events(i))
+        deadline = time.monotonic() + 5
+        while [seq for seq, _ in sub.request_replay(0)] != [3, 4, 5]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        sub.close()
+        publisher.shutdown()
+
+
+def test_null_and_disabled_configs_publish_nothing() -> None:
+    for config in (None, KVEventsConfig(), KVEventsConfig(enable_kv_cache_events=True, publisher="null")):
+        assert type(make_event_publisher(config)) is EventPublisher
+    assert KVEventsConfig(enable_kv_cache_events=True).publisher == "zmq"
+    assert KVEventsConfig().publisher == "null"
+
+
+def test_an_endpoint_that_cannot_be_bound_is_a_clear_error(tmp_path: Path) -> None:
+    endpoint = f"ipc://{tmp_path}/pub"
+    first = ZmqEventPublisher(endpoint, replay_endpoint=endpoint + "-replay")
+    try:
+        with pytest.raises(ValueError, match="kv_events_config: cannot open"):
+            ZmqEventPublisher("tcp://*:not-a-port")
+    finally:
+        first.shutdown()
