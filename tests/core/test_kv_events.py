@@ -4,6 +4,7 @@ equals the pool's prefix cache after every operation, and the events decode with
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -144,3 +145,14 @@ def test_a_second_tier_records_its_own_medium() -> None:
     assert vllm_sub.cached_hashes([batch]) == set()
     assert batch.events[0].parent_block_hash == int.from_bytes(h[0][-8:], "big")
     assert recorder.take_events() == []
+
+
+def test_core_records_events_without_sockets() -> None:
+    """Publishing (zmq) belongs to the engine: core/ only records."""
+    code = (
+        "import sys\n"
+        "import pagedllm.core.kv_events, pagedllm.core.block_pool, pagedllm.core.scheduler\n"
+        "print('zmq' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
