@@ -9,9 +9,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from scripted_model import SCRIPT, FakeModelConfig
+from scripted_model import SCRIPT, fake_engine_config
 
-from pagedllm.config import StructuredOutputsConfig
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.protocol import (
@@ -102,9 +101,7 @@ Scenario = Callable[[AsyncLLM, ScriptedClient], Awaitable[None]]
 def run(tokenizer: Any, scenario: Scenario) -> None:
     async def main() -> None:
         client = ScriptedClient(tokenizer.encode(SCRIPT))
-        config = SimpleNamespace(
-            model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
-        )
+        config = fake_engine_config()
         engine = AsyncLLM(config, client, tokenizer, "m", log_stats=False)  # type: ignore[arg-type]
         try:
             await asyncio.wait_for(scenario(engine, client), 30)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from scripted_model import SCRIPT, FakeModelConfig
+from scripted_model import SCRIPT, fake_engine_config
 
-from pagedllm.config import StructuredOutputsConfig
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.outputs import RequestOutput
@@ -74,9 +72,7 @@ def tokenizer(smollm2_gguf: Path) -> Any:
 
 @pytest.fixture
 def engine(tokenizer: Any) -> LLMEngine:
-    config = SimpleNamespace(
-        model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
-    )
+    config = fake_engine_config()
     return LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
 
 
