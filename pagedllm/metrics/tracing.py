@@ -169,12 +169,24 @@ class RequestTracer:
         span.end(end_time=None if end is None else int(end * 1e9))
 
 
-def step_span(config: ObservabilityConfig, module: str, name: str) -> Callable[[], Any]:
-    """A factory of spans named ``name`` when `collect_detailed_traces` selects ``module`` ("model" or
-    "worker"); otherwise of no-op contexts, so a step pays nothing when detailed traces are off."""
+StepSpan = Callable[[Mapping[str, Any] | None], contextlib.AbstractContextManager[Any]]
+
+
+def _no_span(attributes: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+def step_span(config: ObservabilityConfig, module: str, name: str) -> StepSpan:
+    """A factory of spans named ``name`` (given their attributes) when `collect_detailed_traces` selects
+    ``module`` ("model" or "worker"); otherwise of no-op contexts, so a step pays nothing when detailed
+    traces are off. A span opened inside another one of the same thread becomes its child."""
     modules = config.collect_detailed_traces or []
     endpoint = config.otlp_traces_endpoint
     if endpoint is None or (module not in modules and "all" not in modules):
-        return contextlib.nullcontext
+        return _no_span
     tracer = get_tracer(endpoint, f"pagedllm.{module}")
-    return functools.partial(tracer.start_as_current_span, name)
+
+    def span(attributes: Mapping[str, Any] | None = None) -> contextlib.AbstractContextManager[Any]:
+        return tracer.start_as_current_span(name, attributes=attributes)
+
+    return span
