@@ -48,6 +48,27 @@ class RequestMetrics:
     def e2e_latency(self) -> float | None:
         return None if self.finished_time is None else self.finished_time - self.arrival_time
 
+    # vLLM's phases (as its request spans report them): first scheduled -> first token (prefill),
+    # first -> last token (decode), first scheduled -> last token (inference). Clamped like the queue
+    # time: the scheduling time is the core process's reading of the clock.
+    @property
+    def prefill_time(self) -> float | None:
+        if self.first_scheduled_time is None or self.first_token_time is None:
+            return None
+        return max(self.first_token_time - self.first_scheduled_time, 0.0)
+
+    @property
+    def decode_time(self) -> float | None:
+        if self.first_token_time is None or self.last_token_time is None:
+            return None
+        return self.last_token_time - self.first_token_time
+
+    @property
+    def inference_time(self) -> float | None:
+        if self.first_scheduled_time is None or self.last_token_time is None:
+            return None
+        return max(self.last_token_time - self.first_scheduled_time, 0.0)
+
 
 @dataclass
 class CompletionOutput:

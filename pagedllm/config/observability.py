@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from pagedllm.config.utils import config, hash_fields
 
@@ -16,11 +16,34 @@ class ObservabilityConfig:
     show_hidden_metrics_for_version: str | None = None
     """Re-enable metrics deprecated since this version (pagedllm hides none: not supported)."""
     otlp_traces_endpoint: str | None = None
-    """OpenTelemetry endpoint to send request traces to."""
+    """OpenTelemetry (OTLP) endpoint to send request traces to: one `llm_request` span per request. The
+    protocol follows OTEL_EXPORTER_OTLP_TRACES_PROTOCOL (grpc or http/protobuf). Needs the `otel` extra."""
     collect_detailed_traces: list[Literal["all", "model", "worker"]] | None = None
-    """Extra spans in traces (adds overhead)."""
+    """Also trace each engine step: `worker` (execute_model and sample_tokens spans), `model` (model_forward
+    spans) or `all`. Needs --otlp-traces-endpoint; costs a few spans per step."""
     per_request_spec_decode_metrics: Literal["none", "summary", "detailed"] = "none"
     """Per-request speculative decoding acceptance metrics."""
+
+    @field_validator("collect_detailed_traces", mode="before")
+    @classmethod
+    def _split_modules(cls, value: Any) -> Any:
+        # As vLLM: "model,worker" given as one value is two modules.
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            value = [m.strip() for v in value for m in (v.split(",") if isinstance(v, str) else [v])]
+        return value
+
+    def __post_init__(self) -> None:
+        if self.collect_detailed_traces and not self.otlp_traces_endpoint:
+            raise ValueError("collect_detailed_traces requires `--otlp-traces-endpoint` to be set.")
+        if self.otlp_traces_endpoint is not None:
+            # Imported here: the tracing module is only needed (and only usable) with the extra.
+            from pagedllm.metrics.tracing import otel_missing
+
+            missing = otel_missing()
+            if missing is not None:
+                raise ValueError(f"otlp_traces_endpoint: {missing}")
 
     def compute_hash(self) -> str:
         return hash_fields(self, ())
@@ -35,9 +58,10 @@ class LoggingConfig:
     log_stats_interval: Annotated[float, Field(gt=0)] = 10.0
     """Seconds between statistics log lines."""
     enable_log_requests: bool = False
-    """Log every request's parameters."""
+    """Log every request: its id, prompt and sampling parameters when it arrives, its output when it ends."""
     max_log_len: Annotated[int, Field(ge=0)] | None = None
-    """Longest prompt text or token list printed in request logs (truncation is not supported yet)."""
+    """Longest prompt or output text (characters) and token-id list printed in request logs; unset prints
+    them whole."""
 
     def compute_hash(self) -> str:
         return hash_fields(self, ())

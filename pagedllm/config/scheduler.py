@@ -49,7 +49,8 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = False
     """Admit a request only when KV blocks for its whole prompt are free."""
     stream_interval: Annotated[int, Field(ge=1)] = 1
-    """Send streamed outputs every this many tokens (pagedllm streams every token: only 1 is supported)."""
+    """Send streamed outputs every this many tokens (always the first token and the last): fewer, larger
+    messages to stream clients; the text is the same."""
 
     def __post_init__(self) -> None:
         from pagedllm.platforms import current_platform

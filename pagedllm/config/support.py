@@ -38,7 +38,9 @@ SUPPORTED = (
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
     "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
-    "profiler; KV cache events (kv_events_config, publisher 'zmq' or 'null')"
+    "profiler; OpenTelemetry request traces (observability_config.otlp_traces_endpoint, "
+    "collect_detailed_traces); request logs (logging_config.enable_log_requests, max_log_len); "
+    "scheduler_config.stream_interval; KV cache events (kv_events_config, publisher 'zmq' or 'null')"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -173,10 +175,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         ),
         (sc.disable_chunked_mm_input, "scheduler_config.disable_chunked_mm_input (multimodal inputs)"),
         (
-            sc.stream_interval != 1,
-            "scheduler_config.stream_interval (outputs are streamed after every token)",
-        ),
-        (
             cfg.structured_outputs_config.backend in ("outlines", "lm-format-enforcer"),
             f"structured_outputs_config.backend={cfg.structured_outputs_config.backend!r} "
             "(only 'auto', 'xgrammar' and 'guidance')",
@@ -193,18 +191,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (
             cfg.observability_config.show_hidden_metrics_for_version is not None,
             "observability_config.show_hidden_metrics_for_version (no metrics are hidden)",
-        ),
-        (
-            cfg.logging_config.max_log_len is not None,
-            "logging_config.max_log_len (request log truncation)",
-        ),
-        (
-            cfg.observability_config.otlp_traces_endpoint is not None,
-            "observability_config.otlp_traces_endpoint (tracing)",
-        ),
-        (
-            cfg.observability_config.collect_detailed_traces is not None,
-            "observability_config.collect_detailed_traces",
         ),
         (prof.profiler == "proton", "profiler_config.profiler='proton' (only 'torch')"),
         _named(

@@ -41,6 +41,9 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     lora_int_id: int = 0
     # A pooling request (embedding, classification, score): it finishes once its prompt is computed.
     pooling_params: PoolingParams | None = None
+    # The W3C trace-context headers the client sent (traceparent, tracestate): the parent of the
+    # request's `llm_request` span when tracing is on.
+    trace_headers: dict[str, str] | None = None
 
 
 class RequestStatus(enum.IntEnum):

@@ -19,6 +19,7 @@ from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, Engine
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.engine.request_observer import RequestObserver
 from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.metrics.loggers import LoggingStatLogger
 from pagedllm.metrics.prometheus import PrometheusStatLogger
@@ -70,6 +71,7 @@ class AsyncLLM:
         tokenizer: Any,
         model_name: str,
         log_stats: bool = True,
+        log_requests: bool = False,
     ) -> None:
         self.engine_config = engine_config
         self.model_config = engine_config.model_config
@@ -78,7 +80,10 @@ class AsyncLLM:
         self.input_processor = InputProcessor(
             self.model_config, tokenizer, engine_config.structured_outputs_config
         )
-        self.output_processor = OutputProcessor(tokenizer)
+        self.observer = RequestObserver.from_config(engine_config, model_name, log_requests)
+        self.output_processor = OutputProcessor(
+            tokenizer, engine_config.scheduler_config.stream_interval, self.observer
+        )
         self.max_model_len: int = int(self.model_config.max_model_len)
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._tracker = RequestStatsTracker()
@@ -103,8 +108,10 @@ class AsyncLLM:
         model_name: str,
         log_stats: bool = True,
         core_process: EngineCoreProcess | None = None,
+        log_requests: bool = False,
     ) -> AsyncLLM:
-        """Start the engine core (in `core_process` if one was started early) and the front-end around it."""
+        """Start the engine core (in `core_process` if one was started early) and the front-end around it;
+        ``log_requests`` writes the request log (the server's --enable-log-requests)."""
         from pagedllm.tokenizer import get_tokenizer
 
         # The core loads the model while this process loads the tokenizer (in a thread: it reads files,
@@ -118,7 +125,7 @@ class AsyncLLM:
                 (await client_start).shutdown()
             raise
         client = await client_start
-        return cls(engine_config, client, tokenizer, model_name, log_stats)
+        return cls(engine_config, client, tokenizer, model_name, log_stats, log_requests)
 
     # ------------------------------------------------------------------------------------ requests
     async def add_request(
@@ -127,15 +134,17 @@ class AsyncLLM:
         prompt: PromptType,
         params: SamplingParams | PoolingParams | None,
         priority: int = 0,
+        trace_headers: dict[str, str] | None = None,
     ) -> RequestStream:
-        """Validate and send a request (ValueError naming the problem if it is invalid)."""
+        """Validate and send a request (ValueError naming the problem if it is invalid); ``trace_headers``
+        (W3C traceparent/tracestate) make its trace span a child of the caller's."""
         self._raise_if_dead()
         if self._sleeping:
             raise EngineSleepingError()
         if request_id in self._collectors:
             raise ValueError(f"request id {request_id!r} is already in use")
         request, prompt_text = self.input_processor.process_inputs(
-            request_id, prompt, params, priority=priority
+            request_id, prompt, params, priority=priority, trace_headers=trace_headers
         )
         collector = RequestOutputCollector(request.sampling_params.output_kind)
         core_requests = self.output_processor.add_user_request(request, prompt_text, sink=collector)
@@ -157,10 +166,15 @@ class AsyncLLM:
         await self.client.add_request_async(request)
 
     async def generate(
-        self, prompt: PromptType, sampling_params: SamplingParams | None, request_id: str, priority: int = 0
+        self,
+        prompt: PromptType,
+        sampling_params: SamplingParams | None,
+        request_id: str,
+        priority: int = 0,
+        trace_headers: dict[str, str] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Outputs of one request as they are produced (the final one has ``finished=True``)."""
-        stream = await self.add_request(request_id, prompt, sampling_params, priority)
+        stream = await self.add_request(request_id, prompt, sampling_params, priority, trace_headers)
         async for output in stream:
             yield output
 
@@ -288,3 +302,5 @@ class AsyncLLM:
                 await task
         # Synchronous on purpose: the sockets belong to this loop, and nothing else is served any more.
         self.client.shutdown()
+        if self.observer is not None:
+            self.observer.shutdown()

@@ -141,6 +141,7 @@ class InputProcessor:
         params: SamplingParams | PoolingParams | None,
         arrival_time: float | None = None,
         priority: int = 0,
+        trace_headers: dict[str, str] | None = None,
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and build the core request; returns it with the prompt text (for the outputs).
         `PoolingParams` make a pooling request (a pooling model only)."""
@@ -164,6 +165,7 @@ class InputProcessor:
             arrival_time=time.time() if arrival_time is None else arrival_time,
             priority=priority,
             pooling_params=pooling,
+            trace_headers=trace_headers,
         )
         return request, prompt_text
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedllm.engine.request_observer import RequestObserver
 from pagedllm.outputs import RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -95,7 +96,12 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.model_config, tokenizer, engine_config.structured_outputs_config
         )
-        self.output_processor = OutputProcessor(tokenizer)
+        self.observer = RequestObserver.from_config(
+            engine_config, None, engine_config.logging_config.enable_log_requests
+        )
+        self.output_processor = OutputProcessor(
+            tokenizer, engine_config.scheduler_config.stream_interval, self.observer
+        )
         self.engine_core: EngineCoreClient = (
             engine_core if engine_core is not None else InprocClient(engine_config)
         )
@@ -118,15 +124,17 @@ class LLMEngine:
         params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        trace_headers: dict[str, str] | None = None,
     ) -> None:
-        """Validate and queue a request (ValueError with the reason when it is not acceptable)."""
+        """Validate and queue a request (ValueError with the reason when it is not acceptable);
+        ``trace_headers`` (W3C traceparent/tracestate) make its trace span a child of the caller's."""
         if (
             request_id in self.output_processor.request_states
             or request_id in self.output_processor.parent_requests
         ):
             raise ValueError(f"request id {request_id!r} is already in use")
         request, prompt_text = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority
+            request_id, prompt, params, arrival_time, priority, trace_headers
         )
         core_requests = self.output_processor.add_user_request(request, prompt_text)
         try:
@@ -187,3 +195,5 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()
+        if self.observer is not None:
+            self.observer.shutdown()

@@ -23,6 +23,7 @@ import msgspec
 from pagedllm.core.runner_output import LogprobsLists
 from pagedllm.engine.detokenizer import IncrementalDetokenizer, decode_token_ids
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.engine.request_observer import RequestObserver
 from pagedllm.outputs import (
     CompletionOutput,
     Logprob,
@@ -128,6 +129,7 @@ class RequestState:
         parent: ParentRequest | None,
         index: int,
         sink: OutputSink | None,
+        stream_interval: int = 1,
     ) -> None:
         params = request.sampling_params
         self.request_id = request.request_id
@@ -138,6 +140,8 @@ class RequestState:
         self.parent = parent
         self.index = index
         self.sink = sink
+        self.stream_interval = stream_interval
+        self.trace_headers = request.trace_headers
         # detokenize=False means no text at all, Logprob.decoded_token included (as vLLM).
         self.converter = converter if params.detokenize else _LogprobsConverter(None)
         self.detokenizer = (
@@ -163,6 +167,10 @@ class RequestState:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def output_text(self) -> str | None:
+        return None if self.detokenizer is None else self.detokenizer.output_text
 
     def update(self, output: EngineCoreOutput, now: float) -> bool:
         """Apply one core output; True when a stop string ended the request here (abort it in the core)."""
@@ -211,6 +219,10 @@ class RequestState:
             return None
         if not self.has_news():
             return None
+        # stream_interval > 1: the first token, then every stream_interval tokens, and the end.
+        held = len(self.token_ids) - self._sent_tokens < self.stream_interval
+        if held and self._sent_tokens and not self.finished:
+            return None
         delta = self.output_kind == RequestOutputKind.DELTA
         text = "" if self.detokenizer is None else self.detokenizer.get_next_output_text(self.finished, delta)
         start = self._sent_tokens if delta else 0
@@ -254,6 +266,7 @@ class ParentRequest:
         self.latest: dict[int, CompletionOutput] = {}
         self.step_completions: list[CompletionOutput] = []
         self.prompt_token_ids: list[int] | None = None
+        self.trace_headers: dict[str, str] | None = None
         self.prompt_logprobs: PromptLogprobs | None = None
         self.num_cached_tokens = 0
         self.metrics: RequestMetrics | None = None
@@ -271,7 +284,7 @@ class ParentRequest:
     def collect(self, state: RequestState, completion: CompletionOutput | None) -> None:
         if self.metrics is None:
             self.metrics = RequestMetrics(arrival_time=state.metrics.arrival_time)
-            self.prompt_token_ids = state.prompt_token_ids
+            self.prompt_token_ids, self.trace_headers = state.prompt_token_ids, state.trace_headers
         self._merge_metrics(state.request_id, state.metrics)
         self.num_cached_tokens = max(self.num_cached_tokens, state.num_cached_tokens)
         if state.index == 0 and state.prompt_logprobs is not None:
@@ -341,8 +354,13 @@ class ParentRequest:
 class OutputProcessor:
     """Turns core outputs into user outputs for every live request."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(
+        self, tokenizer: Any, stream_interval: int = 1, observer: RequestObserver | None = None
+    ) -> None:
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
+        # Request logs and traces (None when neither is on).
+        self.observer = observer
         self._converter = _LogprobsConverter(tokenizer)
         # Core request id -> state (children of n > 1 requests are here under their own ids).
         self.request_states: dict[str, RequestState] = {}
@@ -370,7 +388,7 @@ class OutputProcessor:
             self.parent_requests[parent.request_id] = parent
             sink = parent.sink
         self.request_states[request.request_id] = RequestState(
-            request, prompt, self.tokenizer, self._converter, parent, index, sink
+            request, prompt, self.tokenizer, self._converter, parent, index, sink, self.stream_interval
         )
 
     def add_user_request(
@@ -378,6 +396,8 @@ class OutputProcessor:
     ) -> list[EngineCoreRequest]:
         """Track a user request; returns the core requests to send for it: the request itself when
         n == 1, else one child per choice (the n > 1 fan-out of both front-ends)."""
+        if self.observer is not None:
+            self.observer.request_added(request, prompt)
         params = request.sampling_params
         if params.n == 1:
             self.add_request(request, prompt, sink=sink)
@@ -429,6 +449,8 @@ class OutputProcessor:
             completion = state.make_completion()
             if state.finished:
                 del self.request_states[state.request_id]
+                if self.observer is not None:
+                    self.observer.sequence_finished(state)
             if state.parent is not None:
                 state.parent.collect(state, completion)
                 touched[state.parent.request_id] = state.parent
@@ -438,6 +460,8 @@ class OutputProcessor:
             request_output = parent.make_output()
             if parent.finished:
                 self.parent_requests.pop(parent.request_id, None)
+                if self.observer is not None:
+                    self.observer.request_finished(parent)
             if request_output is not None:
                 self._emit(result, parent.sink, request_output)
         return result

@@ -42,6 +42,7 @@ from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
+from pagedllm.metrics.tracing import step_span
 from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
@@ -139,6 +140,8 @@ class ModelRunner:
         self._inputs_copied = torch.cuda.Event() if self.device.type == "cuda" else None
         # The step between execute_model and sample_tokens.
         self.execute_state: _ExecuteState | None = None
+        # collect_detailed_traces "model": a span per forward (on CUDA it times the launch, not the kernels).
+        self._forward_span = step_span(engine_config.observability_config, "model", "model_forward")
 
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
@@ -430,7 +433,7 @@ class ModelRunner:
         if drafts:
             self._write_draft_tokens(drafts)
         inputs = self._prepare_inputs(so)
-        with self._numerics(), set_forward_context(inputs.attn_metadata):
+        with self._numerics(), set_forward_context(inputs.attn_metadata), self._forward_span(None):
             hidden = self._run_forward(inputs.input_ids, inputs.positions)
         if self.pooling is not None:
             computed = self.input_batch.num_computed_tokens[inputs.rows]

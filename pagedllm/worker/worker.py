@@ -13,6 +13,7 @@ import torch
 from pagedllm import envs
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.metrics.tracing import flush_traces, step_span
 from pagedllm.platforms import current_platform
 from pagedllm.worker.kv_cache import KVCacheSpec
 from pagedllm.worker.model_runner import ModelRunner
@@ -37,6 +38,10 @@ class Worker:
             if profiler_config.profiler == "torch"
             else None
         )
+        # collect_detailed_traces "worker": a span per step's forward and per sampling.
+        observability = engine_config.observability_config
+        self._execute_span = step_span(observability, "worker", "execute_model")
+        self._sample_span = step_span(observability, "worker", "sample_tokens")
 
     def init_device(self) -> None:
         device = torch.device(self.engine_config.device_config.device)
@@ -79,10 +84,16 @@ class Worker:
         self.runner.compile_or_warm_up_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
-        self.runner.execute_model(scheduler_output)
+        attributes = {
+            "pagedllm.num_reqs": len(scheduler_output.num_scheduled_tokens),
+            "pagedllm.num_scheduled_tokens": scheduler_output.total_num_scheduled_tokens,
+        }
+        with self._execute_span(attributes):
+            self.runner.execute_model(scheduler_output)
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
-        return self.runner.sample_tokens(grammar_output)
+        with self._sample_span(None):
+            return self.runner.sample_tokens(grammar_output)
 
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         return self.runner.propose_draft_token_ids()
@@ -132,5 +143,7 @@ class Worker:
     def shutdown(self) -> None:
         # Drop the model and caches so their memory is returned now, not at interpreter exit.
         self.model_runner = None
+        # The step spans still queued (the process may end before the next batch export).
+        flush_traces()
         if current_platform.is_cuda():
             torch.cuda.empty_cache()

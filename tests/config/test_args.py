@@ -209,7 +209,11 @@ def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
             lambda c: c.speculative_config.method == "eagle" and c.num_lookahead_tokens == 2,
             "speculative_config",
         ),
-        (["--stream-interval", "4"], lambda c: c.scheduler_config.stream_interval == 4, "stream_interval"),
+        (
+            ["--show-hidden-metrics-for-version", "0.1"],
+            lambda c: c.observability_config.show_hidden_metrics_for_version == "0.1",
+            "show_hidden_metrics_for_version",
+        ),
     ],
 )
 def test_unimplemented_flag_round_trip(tiny_model: str, argv: list[str], check, refused: str) -> None:

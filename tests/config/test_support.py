@@ -93,7 +93,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
         ({"cache_config": CacheConfig(mamba_cache_mode="all")}, "mamba_cache_mode"),
         ({"cache_config": CacheConfig(replayssm_buffer_len=16)}, "replayssm_buffer_len"),
         ({"cache_config": CacheConfig(kv_offloading_backend="lmcache")}, "kv_offloading_backend"),
-        ({"scheduler_config": SchedulerConfig(stream_interval=4)}, "stream_interval"),
         ({"scheduler_config": SchedulerConfig(disable_chunked_mm_input=True)}, "disable_chunked_mm_input"),
         (
             {"structured_outputs_config": StructuredOutputsConfig(backend="lm-format-enforcer")},
@@ -113,7 +112,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
             {"observability_config": ObservabilityConfig(show_hidden_metrics_for_version="0.1")},
             "show_hidden_metrics_for_version",
         ),
-        ({"logging_config": LoggingConfig(max_log_len=10)}, "max_log_len"),
     ],
 )
 def test_option_of_missing_feature_rejected(fields: dict, flag: str) -> None:
@@ -136,6 +134,11 @@ def test_supported_values_of_the_same_options_pass() -> None:
             reasoning_parser="deepseek_r1",
         ),
         reasoning_config=ReasoningConfig(reasoning_parser="qwen3"),
+        scheduler_config=SchedulerConfig(stream_interval=4),
+        logging_config=LoggingConfig(enable_log_requests=True, max_log_len=10),
+        observability_config=ObservabilityConfig(
+            otlp_traces_endpoint="http://127.0.0.1:4318/v1/traces", collect_detailed_traces=["all"]
+        ),
     )
     assert unsupported_features(cfg) == []
 

@@ -4,7 +4,10 @@ ModelConfig the front-end reads."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
+
+from pagedllm.config import LoggingConfig, ObservabilityConfig, SchedulerConfig, StructuredOutputsConfig
 
 # Every scripted request's output, one token per step.
 SCRIPT = " one two three four five six seven eight nine ten"
@@ -21,3 +24,15 @@ class FakeModelConfig:
 
     def get_diff_sampling_param(self) -> dict[str, Any]:
         return {}
+
+
+def fake_engine_config(**sub_configs: Any) -> Any:
+    """The sub-configs a front-end reads, at their defaults unless given."""
+    defaults: dict[str, Any] = {
+        "model_config": FakeModelConfig(),
+        "structured_outputs_config": StructuredOutputsConfig(),
+        "scheduler_config": SchedulerConfig(),
+        "logging_config": LoggingConfig(),
+        "observability_config": ObservabilityConfig(),
+    }
+    return SimpleNamespace(**{**defaults, **sub_configs})

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from scripted_model import SCRIPT, FakeModelConfig
+from scripted_model import SCRIPT, fake_engine_config
 
-from pagedllm.config import StructuredOutputsConfig
+from pagedllm.config import LoggingConfig, SchedulerConfig
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.protocol import (
@@ -99,13 +100,12 @@ def tokenizer(smollm2_gguf: Path) -> Any:
 Scenario = Callable[[AsyncLLM, ScriptedClient], Awaitable[None]]
 
 
-def run(tokenizer: Any, scenario: Scenario) -> None:
+def run(tokenizer: Any, scenario: Scenario, config: Any = None, log_requests: bool = False) -> None:
     async def main() -> None:
         client = ScriptedClient(tokenizer.encode(SCRIPT))
-        config = SimpleNamespace(
-            model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
+        engine = AsyncLLM(
+            config or fake_engine_config(), client, tokenizer, "m", log_stats=False, log_requests=log_requests
         )
-        engine = AsyncLLM(config, client, tokenizer, "m", log_stats=False)  # type: ignore[arg-type]
         try:
             await asyncio.wait_for(scenario(engine, client), 30)
         finally:
@@ -234,3 +234,48 @@ def test_shutdown_ends_streams_in_flight(tokenizer: Any) -> None:
         assert client.aborted == ["a"]
 
     run(tokenizer, scenario)
+
+
+def test_stream_interval_fewer_outputs_same_text(tokenizer: Any) -> None:
+    texts: dict[int, str] = {}
+    counts: dict[int, int] = {}
+    for interval in (1, 4):
+
+        async def scenario(engine: AsyncLLM, client: ScriptedClient, interval: int = interval) -> None:
+            params = SamplingParams(max_tokens=10, output_kind=RequestOutputKind.DELTA)
+            stream = await engine.add_request("s", "Count:", params)
+            # Count what the front-end sends (a slow reader would see merged outputs).
+            sent: list[RequestOutput] = []
+            put = stream.collector.put
+            stream.collector.put = lambda output: (sent.append(output), put(output))  # type: ignore[method-assign]
+            received = [output async for output in stream]
+            counts[interval] = len(sent)
+            texts[interval] = "".join(o.outputs[0].text for o in received)
+
+        run(tokenizer, scenario, fake_engine_config(scheduler_config=SchedulerConfig(stream_interval=interval)))
+    assert texts[1] == texts[4] == tokenizer.decode(tokenizer.encode(SCRIPT)[:10])
+    assert counts == {1: 10, 4: 4}  # tokens 1, 2-5, 6-9, 10
+
+
+def test_request_log_of_the_server_front_end(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The server's --enable-log-requests (AsyncLLM(log_requests=True)) logs what the offline engine does;
+    without it nothing is logged even when the config enables it (--disable-log-requests wins)."""
+
+    async def scenario(engine: AsyncLLM, client: ScriptedClient) -> None:
+        async for _ in engine.generate("Count to ten:", SamplingParams(max_tokens=3), "r"):
+            pass
+
+    config = fake_engine_config(logging_config=LoggingConfig(enable_log_requests=True, max_log_len=2))
+    with caplog.at_level(logging.INFO, logger="pagedllm.entrypoints.logger"):
+        run(tokenizer, scenario, config, log_requests=True)
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines[0].startswith("Received request r: prompt: 'Co', params: SamplingParams(")
+        assert lines[0].endswith(f"prompt_token_ids: {tokenizer.encode('Count to ten:')[:2]}.")
+        output_ids = tokenizer.encode(SCRIPT)[:3]
+        assert lines[1] == (
+            f"Generated response r: output: {tokenizer.decode(output_ids)[:2]!r}, "
+            f"output_token_ids: {output_ids[:2]}, finish_reason: length"
+        )
+        caplog.clear()
+        run(tokenizer, scenario, config, log_requests=False)
+        assert caplog.records == []

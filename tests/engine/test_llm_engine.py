@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from scripted_model import SCRIPT, FakeModelConfig
+from scripted_model import SCRIPT, fake_engine_config
 
-from pagedllm.config import StructuredOutputsConfig
+from pagedllm.config import LoggingConfig
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.outputs import RequestOutput
@@ -74,9 +74,7 @@ def tokenizer(smollm2_gguf: Path) -> Any:
 
 @pytest.fixture
 def engine(tokenizer: Any) -> LLMEngine:
-    config = SimpleNamespace(
-        model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
-    )
+    config = fake_engine_config()
     return LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
 
 
@@ -209,3 +207,29 @@ def test_real_core_abort_frees_the_request(real_engine: LLMEngine) -> None:
     # The core drops it too: its next step has nothing to run.
     real_engine.step()
     assert not real_engine.engine_core.has_unfinished_requests()
+
+
+def test_request_log_truncated_to_max_log_len(tokenizer: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """--enable-log-requests offline: each request when it arrives, each sequence when it ends, texts and
+    token lists cut to max_log_len."""
+    config = fake_engine_config(logging_config=LoggingConfig(enable_log_requests=True, max_log_len=4))
+    engine = LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
+    prompt = "Count to ten:"
+    prompt_ids = tokenizer.encode(prompt)
+    with caplog.at_level(logging.INFO, logger="pagedllm.entrypoints.logger"):
+        engine.add_request("a", prompt, SamplingParams(max_tokens=6))
+        engine.add_request("p", prompt, SamplingParams(n=2, max_tokens=2, temperature=0.5))
+        run(engine)
+    lines = [r.getMessage() for r in caplog.records]
+    received = [line for line in lines if line.startswith("Received request")]
+    generated = sorted(line for line in lines if line.startswith("Generated response"))
+    assert len(received) == 2 and len(generated) == 3  # one line per sequence of the n=2 request
+    assert received[0].startswith("Received request a: prompt: 'Coun', params: SamplingParams(")
+    assert received[0].endswith(f"prompt_token_ids: {prompt_ids[:4]}.")
+    output_ids = tokenizer.encode(SCRIPT)[:6]
+    output_text = tokenizer.decode(output_ids)
+    assert generated[-1] == (
+        f"Generated response a: output: {output_text[:4]!r}, output_token_ids: {output_ids[:4]}, "
+        "finish_reason: length"
+    )
+    assert [line.split(":")[0] for line in generated[:2]] == ["Generated response 0_p", "Generated response 1_p"]

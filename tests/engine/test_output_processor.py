@@ -384,3 +384,27 @@ def test_first_scheduled_time_fills_metrics(tokenizer: Any) -> None:
     # An n > 1 request left the queue when its first child was scheduled.
     assert (parent.first_scheduled_time, parent.time_in_queue) == (100.5, 0.5)
     assert solo.time_to_first_token is not None and solo.time_in_queue <= solo.time_to_first_token
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+def test_stream_interval_sends_every_n_tokens(tokenizer: Any, kind: RequestOutputKind) -> None:
+    """stream_interval=4: the first token, then every 4 tokens, and the end; the same text as every token."""
+    ids = tokenizer.encode(TEXT + TEXT)[:10]
+    texts = {}
+    for interval in (1, 4):
+        processor = OutputProcessor(tokenizer, stream_interval=interval)
+        processor.add_request(make_request(tokenizer, output_kind=kind), PROMPT)
+        outputs = [o for step in feed(processor, "r", ids, FinishReason.LENGTH) for o in step]
+        token_counts = [len(o.outputs[0].token_ids) for o in outputs]
+        if kind == RequestOutputKind.DELTA:
+            assert sum(token_counts) == len(ids)
+            texts[interval] = "".join(o.outputs[0].text for o in outputs)
+        else:
+            texts[interval] = outputs[-1].outputs[0].text
+        if interval == 1:
+            assert len(outputs) == 10
+        else:
+            # Tokens 1, 2-5, 6-9 and the final 10th.
+            expected = [1, 4, 4, 1] if kind == RequestOutputKind.DELTA else [1, 5, 9, 10]
+            assert token_counts == expected and outputs[-1].finished
+    assert texts[4] == texts[1] == tokenizer.decode(ids)

@@ -103,9 +103,10 @@ def test_main_in_process(tiny_model: str, capsys: pytest.CaptureFixture[str]) ->
     err = capsys.readouterr().err
     assert "block_size" in err and "Traceback" not in err
     # A feature pagedllm does not implement: refused by name, same exit status.
-    assert cli.main(["config", "show", "--model", tiny_model, "--stream-interval", "2"]) == 2
+    assert cli.main(["config", "show", "--model", tiny_model, "--show-hidden-metrics-for-version", "0.1"]) == 2
     err = capsys.readouterr().err
-    assert "does not support: scheduler_config.stream_interval" in err and "Traceback" not in err
+    assert "does not support: observability_config.show_hidden_metrics_for_version" in err
+    assert "Traceback" not in err
 
 
 def test_top_level_help_lists_commands_without_loading_them(capsys: pytest.CaptureFixture[str]) -> None:

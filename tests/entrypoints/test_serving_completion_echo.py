@@ -69,7 +69,7 @@ def output(completions: list[CompletionOutput], prompt_rows: PromptLogprobs | No
 
 def run_stream(request: CompletionRequest, outputs: list[RequestOutput]) -> list[dict[str, Any]]:
     """The stream's choices, one per SSE chunk."""
-    serving = OpenAIServingCompletion(FakeEngine(), None, None, max_n=1, log_requests=False)  # type: ignore[arg-type]
+    serving = OpenAIServingCompletion(FakeEngine(), None, None, max_n=1)  # type: ignore[arg-type]
 
     async def collect() -> list[str]:
         stream = ScriptedStream(outputs)
@@ -82,7 +82,7 @@ def run_stream(request: CompletionRequest, outputs: list[RequestOutput]) -> list
 
 
 def run_full(request: CompletionRequest, final: RequestOutput) -> list[dict[str, Any]]:
-    serving = OpenAIServingCompletion(FakeEngine(), None, None, max_n=1, log_requests=False)  # type: ignore[arg-type]
+    serving = OpenAIServingCompletion(FakeEngine(), None, None, max_n=1)  # type: ignore[arg-type]
     response = asyncio.run(serving._full(request, "cmpl", "m", [ScriptedStream([final])]))  # type: ignore[list-item]
     return [choice.model_dump() for choice in response.choices]
 

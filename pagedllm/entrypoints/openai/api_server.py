@@ -50,6 +50,7 @@ from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, ad
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.serving_tools import ToolCallingConfig, load_tool_calling_config
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
+from pagedllm.metrics.tracing import extract_trace_headers
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig
@@ -93,7 +94,6 @@ def build_app(
     served_model_names: list[str],
     api_key: str | None,
     chat_template: str | None,
-    log_requests: bool,
     max_request_body_bytes: int,
     max_n: int,
     tool_calling: ToolCallingConfig | None = None,
@@ -101,8 +101,8 @@ def build_app(
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
     models = OpenAIServingModels(served_model_names, str(engine.model_config.model), engine.max_model_len)
     prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
-    completions = OpenAIServingCompletion(engine, models, prompts, max_n, log_requests)
-    chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, log_requests, tool_calling)
+    completions = OpenAIServingCompletion(engine, models, prompts, max_n)
+    chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, tool_calling)
     tokenization = OpenAIServingTokenization(engine, models, prompts, chat_template)
     pooling = OpenAIServingPooling(engine, models, prompts)
 
@@ -162,11 +162,11 @@ def build_app(
 
         @app.post("/v1/completions")
         async def create_completion(request: CompletionRequest, raw: Request) -> Any:
-            return await _respond(raw, completions.create(request))
+            return await _respond(raw, completions.create(request, extract_trace_headers(raw.headers)))
 
         @app.post("/v1/chat/completions")
         async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Any:
-            return await _respond(raw, chat.create(request))
+            return await _respond(raw, chat.create(request, extract_trace_headers(raw.headers)))
 
     else:
         add_pooling_routes(app, pooling, _respond)
@@ -268,6 +268,7 @@ async def run_server(
         names[0],
         log_stats=not engine_config.logging_config.disable_log_stats,
         core_process=core_process,
+        log_requests=log_requests,
     )
     watchdog: asyncio.Task[None] | None = None
     try:
@@ -276,7 +277,6 @@ async def run_server(
             names,
             api_key or None,
             chat_template,
-            log_requests,
             max_request_body_bytes=args.max_request_body_bytes,
             max_n=args.max_n_sequences,
             tool_calling=tool_calling,

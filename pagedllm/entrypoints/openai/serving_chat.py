@@ -173,7 +173,6 @@ class OpenAIServingChat:
         prompts: PromptTokenizer,
         chat_template: str | None,
         max_n: int,
-        log_requests: bool,
         tool_calling: ToolCallingConfig | None = None,
     ) -> None:
         self.engine = engine
@@ -182,7 +181,6 @@ class OpenAIServingChat:
         self.prompts = prompts
         self.chat_template = chat_template
         self.max_n = max_n
-        self.log_requests = log_requests
         self.reasoning = ReasoningSplitter(engine.engine_config, engine.tokenizer)
 
     def _check_supported(self, request: ChatCompletionRequest) -> None:
@@ -194,7 +192,9 @@ class OpenAIServingChat:
         if request.ignored_fields():
             logger.warning("Ignoring unknown chat completion fields: %s", ", ".join(request.ignored_fields()))
 
-    async def create(self, request: ChatCompletionRequest) -> ChatCompletionResponse | AsyncIterator[str]:
+    async def create(
+        self, request: ChatCompletionRequest, trace_headers: dict[str, str] | None = None
+    ) -> ChatCompletionResponse | AsyncIterator[str]:
         model = self.models.check_model(request.model)
         self._check_supported(request)
         try:
@@ -215,10 +215,6 @@ class OpenAIServingChat:
         )
         token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM)
         request_id = random_id("chatcmpl")
-        if self.log_requests:
-            logger.info(
-                "Received chat request %s: %d prompt tokens, params %s", request_id, len(token_ids), params
-            )
         prompt: TokensPrompt = {"prompt_token_ids": token_ids, "prompt": text}
         try:
             streams = await start_requests(
@@ -230,6 +226,7 @@ class OpenAIServingChat:
                 _PARAMS,
                 PROMPT_PARAM,
                 request.constraint_param(),
+                trace_headers,
             )
         except OpenAIError as e:
             raise _chat_error(request, e) from e

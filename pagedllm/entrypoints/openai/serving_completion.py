@@ -95,13 +95,11 @@ class OpenAIServingCompletion:
         models: OpenAIServingModels,
         prompts: PromptTokenizer,
         max_n: int,
-        log_requests: bool,
     ) -> None:
         self.engine = engine
         self.models = models
         self.prompts = prompts
         self.max_n = max_n
-        self.log_requests = log_requests
 
     def _check_supported(self, request: CompletionRequest) -> None:
         if request.suffix is not None:
@@ -125,7 +123,9 @@ class OpenAIServingCompletion:
             for p in _prompts(request.prompt)
         ]
 
-    async def create(self, request: CompletionRequest) -> CompletionResponse | AsyncIterator[str]:
+    async def create(
+        self, request: CompletionRequest, trace_headers: dict[str, str] | None = None
+    ) -> CompletionResponse | AsyncIterator[str]:
         model = self.models.check_model(request.model)
         self._check_supported(request)
         try:
@@ -135,8 +135,6 @@ class OpenAIServingCompletion:
             raise OpenAIError(str(e), param=param) from e
         prompts = await self._tokenized(request)
         request_id = random_id("cmpl")
-        if self.log_requests:
-            logger.info("Received request %s: %d prompt(s), params %s", request_id, len(prompts), params)
         streams = await start_requests(
             self.engine,
             request_id,
@@ -146,6 +144,7 @@ class OpenAIServingCompletion:
             _PARAMS,
             PROMPT_PARAM,
             request.constraint_param(),
+            trace_headers,
         )
         if request.stream:
             return self._stream(request, request_id, model, streams)

@@ -100,13 +100,17 @@ async def start_requests(
     param_names: list[str],
     prompt_param: str,
     constraint_param: str | None = None,
+    trace_headers: dict[str, str] | None = None,
 ) -> list[RequestStream]:
-    """Admit one engine request per prompt; a bad one fails them all with a 400 naming the parameter."""
+    """Admit one engine request per prompt; a bad one fails them all with a 400 naming the parameter.
+    ``trace_headers`` (the client's W3C trace context) become the parent of each request's span."""
     streams: list[RequestStream] = []
     try:
         for i, prompt in enumerate(prompts):
             sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            streams.append(await engine.add_request(sub_id, prompt, params, priority=priority))
+            streams.append(
+                await engine.add_request(sub_id, prompt, params, priority=priority, trace_headers=trace_headers)
+            )
     except (ValueError, TypeError) as e:
         for stream in streams:
             stream.abort()
