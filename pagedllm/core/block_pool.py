@@ -10,7 +10,7 @@ beginnings. Touching a cached block removes it from the middle of the list, henc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from pagedllm.core.hashing import BlockHash
 
@@ -103,6 +103,9 @@ class BlockPool:
         # One block per hash. Two requests that compute the same block at the same time (neither hit
         # the other) leave the second copy uncached; it is freed like any other block.
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        # Called with each cached block evicted for reuse, before its hash is cleared and before its KV
+        # is overwritten (a KV connector's offloading tier keeps a copy).
+        self.evicted_block_listeners: list[Callable[[KVCacheBlock], None]] = []
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
@@ -131,6 +134,8 @@ class BlockPool:
         blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
             if block.block_hash is not None:
+                for listener in self.evicted_block_listeners:
+                    listener(block)
                 self._evict(block)
             block.ref_cnt = 1
         return blocks
