@@ -51,4 +51,9 @@ def create_connector(engine_config: Any, role: KVConnectorRole, spec: KVCacheSpe
     kv = engine_config.kv_transfer_config
     if kv is None or kv.kv_connector is None or spec.num_layers == 0:
         return None
+    if not engine_config.cache_config.enable_prefix_caching:
+        raise ValueError(
+            f"kv_transfer_config.kv_connector={kv.kv_connector!r} finds blocks by their prefix-cache hashes: "
+            "it needs enable_prefix_caching=True"
+        )
     return make_connector(kv.kv_connector, engine_config, role, spec, kv.kv_connector_extra_config)
