@@ -48,22 +48,25 @@ class FakeTier:
 
 
 def _run(scheduler: Scheduler, runner: FakeRunner, tier: FakeTier) -> tuple[int, int]:
-    """Steps until idle; returns (scheduled tokens, tokens loaded from the tier)."""
+    """Steps until idle, the tier's copies applied between schedule and execute; returns (scheduled
+    tokens, tokens loaded from the tier)."""
+    schedule = scheduler.schedule
+
+    def schedule_and_apply():  # noqa: ANN202
+        so = schedule()
+        tier.apply(so.kv_connector_metadata)
+        return so
+
+    scheduler.schedule = schedule_and_apply  # type: ignore[method-assign]
     scheduled = loaded = 0
-    while scheduler.has_unfinished_requests():
-        schedule = scheduler.schedule
-
-        def schedule_and_apply():  # noqa: ANN202
-            so = schedule()
-            tier.apply(so.kv_connector_metadata)
-            return so
-
-        scheduler.schedule = schedule_and_apply  # type: ignore[method-assign]
-        so, outs = step(scheduler, runner)
+    try:
+        while scheduler.has_unfinished_requests():
+            so, outs = step(scheduler, runner)
+            scheduled += so.total_num_scheduled_tokens
+            assert outs.scheduler_stats is not None
+            loaded += outs.scheduler_stats.external_prefix_cache_hits
+    finally:
         scheduler.schedule = schedule  # type: ignore[method-assign]
-        scheduled += so.total_num_scheduled_tokens
-        assert outs.scheduler_stats is not None
-        loaded += outs.scheduler_stats.external_prefix_cache_hits
     return scheduled, loaded
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from pagedllm.core.hashing import BlockHash
     from pagedllm.core.kv_cache_manager import KVCacheManager
     from pagedllm.core.request import Request
     from pagedllm.core.sched_output import SchedulerOutput
@@ -61,6 +62,8 @@ class KVConnectorBase:
         # last `take_stats`.
         self._jobs = BackgroundJobs(f"kv-{type(self).__name__}") if role == KVConnectorRole.WORKER else None
         self._stats: dict[str, float] = {}
+        # Scheduler side: req_id -> (first block index, what the last lookup found for each block).
+        self._found: dict[str, tuple[int, list[Any]]] = {}
 
     @property
     def is_producer(self) -> bool:
@@ -87,12 +90,38 @@ class KVConnectorBase:
         """The request was admitted: `block_ids` is its whole block table, and the `num_external_tokens`
         the connector promised go into the blocks after its local hit."""
 
+    def _find_run(
+        self, request: Request, num_computed_tokens: int, find: Callable[[BlockHash], Any | None]
+    ) -> int:
+        """The run of blocks after the local hit that `find` has (it stops at the first None), in
+        tokens; what was found is kept for `_take_found`."""
+        self._found.pop(request.request_id, None)
+        start = num_computed_tokens // self.block_size
+        found: list[Any] = []
+        for block_hash in request.block_hashes[start : max_loadable_blocks(request, self.block_size)]:
+            item = find(block_hash)
+            if item is None:
+                break
+            found.append(item)
+        if found:
+            self._found[request.request_id] = (start, found)
+        return len(found) * self.block_size
+
+    def _take_found(self, request: Request, num_external_tokens: int) -> tuple[int, list[Any]] | None:
+        """(first block index, found items) of the blocks the scheduler admitted the request with."""
+        found = self._found.pop(request.request_id, None)
+        if found is None or num_external_tokens == 0:
+            return None
+        start, items = found
+        return start, items[: num_external_tokens // self.block_size]
+
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> Any:
         """What the worker side does this step; the scheduler side forgets it afterwards."""
         return None
 
     def request_finished(self, request: Request) -> None:
         """The request ended (finished, aborted); its blocks are freed right after."""
+        self._found.pop(request.request_id, None)
 
     def reset_cache(self) -> None:
         """The prefix cache was reset: drop what the connector holds (where it holds anything)."""

@@ -31,7 +31,6 @@ from pagedllm.distributed.kv_transfer.base import (
     KVConnectorRole,
     elems_per_block,
     gather_blocks,
-    max_loadable_blocks,
     scatter_blocks,
 )
 from pagedllm.distributed.kv_transfer.tier_store import allocate_tier, num_tier_slots
@@ -72,7 +71,6 @@ class OffloadingConnector(KVConnectorBase):
         self._slots: OrderedDict[BlockHash, int] = OrderedDict()
         self._free_slots = list(range(self.num_slots - 1, -1, -1))
         self._pinned: set[int] = set()
-        self._found: dict[str, tuple[int, list[int]]] = {}
         self._meta = OffloadingMetadata()
         self.stored_listeners: list[Callable[[list[BlockHash]], None]] = []
         self.removed_listeners: list[Callable[[list[BlockHash]], None]] = []
@@ -112,32 +110,22 @@ class OffloadingConnector(KVConnectorBase):
             listener([block_hash])
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
-        start = num_computed_tokens // self.block_size
-        slots: list[int] = []
-        for block_hash in request.block_hashes[start : max_loadable_blocks(request, self.block_size)]:
-            slot = self._slots.get(block_hash)
-            if slot is None:
-                break
-            slots.append(slot)
-        if not slots:
-            self._found.pop(request.request_id, None)
-            return 0
-        # The allocation that follows may evict blocks into the tier: these slots must survive it.
-        self._pinned.update(slots)
-        self._found[request.request_id] = (start, slots)
-        return len(slots) * self.block_size
+        num_tokens = self._find_run(request, num_computed_tokens, self._slots.get)
+        if num_tokens:
+            # The allocation that follows may evict blocks into the tier: these slots must survive it.
+            self._pinned.update(self._found[request.request_id][1])
+        return num_tokens
 
     def update_state_after_alloc(
         self, request: Request, block_ids: list[int], num_external_tokens: int
     ) -> None:
-        found = self._found.pop(request.request_id, None)
-        if found is None or num_external_tokens == 0:
+        found = self._take_found(request, num_external_tokens)
+        if found is None:
             return
         start, slots = found
-        n = num_external_tokens // self.block_size
-        self._meta.load_block_ids += block_ids[start : start + n]
-        self._meta.load_slots += slots[:n]
-        for block_hash in request.block_hashes[start : start + n]:
+        self._meta.load_block_ids += block_ids[start : start + len(slots)]
+        self._meta.load_slots += slots
+        for block_hash in request.block_hashes[start : start + len(slots)]:
             self._slots.move_to_end(block_hash)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> OffloadingMetadata:
@@ -145,9 +133,6 @@ class OffloadingConnector(KVConnectorBase):
         self._pinned.clear()
         self._found.clear()
         return meta
-
-    def request_finished(self, request: Request) -> None:
-        self._found.pop(request.request_id, None)
 
     def reset_cache(self) -> None:
         self._slots.clear()

@@ -34,7 +34,6 @@ from pagedllm.distributed.kv_transfer.base import (
     KVConnectorRole,
     elems_per_block,
     gather_blocks,
-    max_loadable_blocks,
     scatter_blocks,
 )
 
@@ -87,9 +86,7 @@ class SharedStorageConnector(KVConnectorBase):
         self.directory = root / hashlib.sha256(repr(identity).encode()).hexdigest()[:16]
         self.directory.mkdir(parents=True, exist_ok=True)
         self.elems = elems_per_block(spec)
-        # Scheduler side: req_id -> (first block index, validated data) found by the last lookup; and
-        # req_id -> prompt blocks already saved (or found stored).
-        self._found: dict[str, tuple[int, list[torch.Tensor]]] = {}
+        # Scheduler side: req_id -> prompt blocks already saved (or found stored).
         self._pending_loads: list[tuple[list[int], torch.Tensor]] = []
         self._num_saved: dict[str, int] = {}
 
@@ -122,32 +119,20 @@ class SharedStorageConnector(KVConnectorBase):
         return data
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
-        self._found.pop(request.request_id, None)
         if not self.is_consumer:
             return 0
-        start = num_computed_tokens // self.block_size
-        blocks: list[torch.Tensor] = []
-        for block_hash in request.block_hashes[start : max_loadable_blocks(request, self.block_size)]:
-            data = self._read_block(block_hash)
-            if data is None:
-                break
-            blocks.append(data)
-        if not blocks:
-            return 0
-        self._found[request.request_id] = (start, blocks)
-        return len(blocks) * self.block_size
+        return self._find_run(request, num_computed_tokens, self._read_block)
 
     def update_state_after_alloc(
         self, request: Request, block_ids: list[int], num_external_tokens: int
     ) -> None:
-        found = self._found.pop(request.request_id, None)
-        if found is None or num_external_tokens == 0:
+        found = self._take_found(request, num_external_tokens)
+        if found is None:
             return
         start, blocks = found
-        n = num_external_tokens // self.block_size
-        self._pending_loads.append((block_ids[start : start + n], torch.stack(blocks[:n])))
+        self._pending_loads.append((block_ids[start : start + len(blocks)], torch.stack(blocks)))
         # What was loaded is stored already.
-        self._num_saved[request.request_id] = start + n
+        self._num_saved[request.request_id] = start + len(blocks)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> SharedStorageMetadata:
         meta = SharedStorageMetadata(loads=self._pending_loads)
@@ -174,7 +159,7 @@ class SharedStorageConnector(KVConnectorBase):
         return meta
 
     def request_finished(self, request: Request) -> None:
-        self._found.pop(request.request_id, None)
+        super().request_finished(request)
         self._num_saved.pop(request.request_id, None)
 
     # ------------------------------------------------------------------ worker side
