@@ -4,7 +4,9 @@ Each completion or chat request goes first to a prefill instance with `max_token
 computes the prompt and, being a KV producer (e.g. SharedStorageConnector with kv_role=kv_producer),
 stores the prompt's KV blocks. Then the original request goes to a decode instance (a KV consumer of the
 same store), which loads those blocks instead of computing the prefill, and its answer - streamed or
-not - is passed through unchanged. Several URLs per side are used in turn (round robin), as in vLLM's
+not - is passed through unchanged. A prefill instance that fails or cannot be reached only costs time:
+the decode instance then computes the prompt itself; a request it refuses (4xx) is answered with its
+error. Several URLs per side are used in turn (round robin), as in vLLM's
 toy proxy. The blocks are found by their hash chain, so no kv_transfer_params travel between the two.
 """
 
@@ -55,10 +57,16 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def build_app(prefill_urls: list[str], decode_urls: list[str], timeout: float) -> FastAPI:
+def build_app(
+    prefill_urls: list[str],
+    decode_urls: list[str],
+    timeout: float,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """The proxy app (`transport` replaces the network, for tests)."""
     prefills: Iterator[str] = itertools.cycle([u.rstrip("/") for u in prefill_urls])
     decodes: Iterator[str] = itertools.cycle([u.rstrip("/") for u in decode_urls])
-    client = httpx.AsyncClient(timeout=timeout)
+    client = httpx.AsyncClient(timeout=timeout, transport=transport)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,19 +86,23 @@ def build_app(prefill_urls: list[str], decode_urls: list[str], timeout: float) -
                 {"error": {"message": "the body is not JSON", "type": "BadRequestError", "code": 400}}, 400
             )
         headers = headers_of(request)
+        prefill_url = next(prefills)
         try:
-            prefill = await client.post(f"{next(prefills)}{path}", json=prefill_body(body), headers=headers)
+            prefill = await client.post(f"{prefill_url}{path}", json=prefill_body(body), headers=headers)
+            if 400 <= prefill.status_code < 500:
+                # The request itself is bad: the decode instance would refuse it just the same.
+                return Response(prefill.content, prefill.status_code, media_type="application/json")
+            if prefill.status_code != 200:
+                logger.warning("prefill instance %s answered %d", prefill_url, prefill.status_code)
         except httpx.HTTPError as e:
-            return _unavailable("prefill", e)
-        if prefill.status_code != 200:
-            # The prefill instance refused the request (bad input): the decode one would too.
-            return Response(prefill.content, prefill.status_code, media_type="application/json")
+            # Without the stored prompt the decode instance computes it itself: slower, still right.
+            logger.warning("prefill instance %s unreachable (%s); decoding without it", prefill_url, e)
         try:
             upstream = await client.send(
                 client.build_request("POST", f"{next(decodes)}{path}", json=body, headers=headers), stream=True
             )
         except httpx.HTTPError as e:
-            return _unavailable("decode", e)
+            return _unavailable(e)
         if body.get("stream") and upstream.status_code == 200:
             return StreamingResponse(
                 _passthrough(upstream),
@@ -132,9 +144,9 @@ async def _passthrough(upstream: httpx.Response) -> AsyncIterator[bytes]:
         yield chunk
 
 
-def _unavailable(side: str, error: Exception) -> JSONResponse:
-    logger.warning("%s instance unreachable: %s", side, error)
-    message = f"the {side} instance is unreachable: {type(error).__name__}: {error}"
+def _unavailable(error: Exception) -> JSONResponse:
+    logger.warning("decode instance unreachable: %s", error)
+    message = f"the decode instance is unreachable: {type(error).__name__}: {error}"
     return JSONResponse({"error": {"message": message, "type": "ServiceUnavailableError", "code": 503}}, 503)
 
 
