@@ -1,4 +1,4 @@
-"""`pagedllm bench throughput|latency|serve|startup|embed`."""
+"""`pagedllm bench throughput|latency|serve|startup|embed|kv-offload`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ _BENCHMARKS = {
     "serve": "pagedllm.benchmarks.serve_cmd",
     "startup": "pagedllm.benchmarks.startup",
     "embed": "pagedllm.benchmarks.embed",
+    "kv-offload": "pagedllm.benchmarks.kv_offload",
 }
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve, startup, embed.")
+    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve, startup, embed, kv-offload.")
     bench = parser.add_subparsers(dest="benchmark", metavar="<benchmark>", required=True)
     for module in _BENCHMARKS.values():
         importlib.import_module(module).add_parser(bench)

@@ -38,6 +38,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--ignore-eos", action="store_true", help="Send vLLM's ignore_eos extension field.")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--output-json", default=None)
+    parser.add_argument(
+        "--baseline-url",
+        default=None,
+        help="Run the same requests against this server first and report --base-url's figures against it.",
+    )
     return parser
 
 
@@ -49,10 +54,10 @@ def _requests(args: argparse.Namespace) -> list[SampleRequest]:
     return chat_requests(args.dataset, args.num_prompts, args.output_len)
 
 
-def run(args: argparse.Namespace) -> int:
+def _bench(args: argparse.Namespace, base_url: str) -> tuple[dict[str, float], list[str]]:
     results, duration = asyncio.run(
         run_serve_benchmark(
-            args.base_url,
+            base_url,
             args.model,
             _requests(args),
             endpoint=args.endpoint,
@@ -63,12 +68,34 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     summary = summarize(results, duration)
+    print(f"--- {base_url}")
     for key, value in summary.items():
         print(f"{key:>24}: {value:.2f}" if isinstance(value, float) else f"{key:>24}: {value}")
-    errors = [r.error for r in results if not r.ok]
+    return summary, [r.error for r in results if not r.ok]
+
+
+def run(args: argparse.Namespace) -> int:
+    report: dict[str, object] = {}
+    errors: list[str] = []
+    if args.baseline_url:
+        baseline, errors = _bench(args, args.baseline_url)
+        report["baseline"] = baseline
+    summary, more = _bench(args, args.base_url)
+    errors += more
+    report.update(summary)
+    if args.baseline_url:
+        ratios = {
+            "p50_ttft_ratio": baseline["p50_ttft_ms"] / summary["p50_ttft_ms"],
+            "output_throughput_ratio": summary["output_throughput"] / baseline["output_throughput"],
+        }
+        report.update(ratios)
+        print(
+            f"vs baseline: p50 TTFT {ratios['p50_ttft_ratio']:.2f}x lower, output throughput "
+            f"{ratios['output_throughput_ratio']:.2f}x"
+        )
     if errors:
         print(f"first error: {errors[0]}")
     if args.output_json:
         with open(args.output_json, "w") as f:
-            json.dump(summary, f, indent=2)
+            json.dump(report, f, indent=2)
     return 0 if not errors else 1

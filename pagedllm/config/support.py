@@ -40,7 +40,9 @@ SUPPORTED = (
     "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
     "profiler; OpenTelemetry request traces (observability_config.otlp_traces_endpoint, "
     "collect_detailed_traces); request logs (logging_config.enable_log_requests, max_log_len); "
-    "scheduler_config.stream_interval; KV cache events (kv_events_config, publisher 'zmq' or 'null')"
+    "scheduler_config.stream_interval; KV cache events (kv_events_config, publisher 'zmq' or 'null'); "
+    "KV connectors SharedStorageConnector (disaggregated prefill through a shared directory), "
+    "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -77,6 +79,7 @@ def _named(prefix: str, names: list[str], what: str) -> tuple[bool, str]:
 def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     mc, cc, pc, sc = cfg.model_config, cfg.cache_config, cfg.parallel_config, cfg.scheduler_config
     passes = cfg.compilation_config.pass_config
+    kv = cfg.kv_transfer_config
     prof, wt = cfg.profiler_config, cfg.weight_transfer_config
     wt_extra = sorted(set(wt.extra) - set(WEIGHT_TRANSFER_EXTRA)) if wt is not None else []
     priority = cfg.kernel_config.ir_op_priority
@@ -86,12 +89,11 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     checks: list[tuple[bool, str]] = [
         (cfg.lora_config is not None, "lora_config (LoRA adapters)"),
         (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
-        (cc.kv_offloading_size is not None, "cache_config.kv_offloading_size (KV offloading)"),
+        _unregistered_connectors(cfg),
         (
-            cc.kv_offloading_size is None
-            and cfg.kv_transfer_config is not None
-            and cfg.kv_transfer_config.kv_connector is not None,
-            "kv_transfer_config.kv_connector (KV transfer connectors such as NIXL)",
+            kv is not None and kv.kv_connector is not None and kv.kv_role is None,
+            "kv_transfer_config.kv_connector without kv_transfer_config.kv_role "
+            "(set one of kv_producer, kv_consumer, kv_both)",
         ),
         (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
         (
@@ -242,6 +244,19 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             (mc.use_mla, f"MLA attention model {mc.architecture}"),
         ]
     return checks
+
+
+def _unregistered_connectors(cfg: EngineConfig) -> tuple[bool, str]:
+    """KV connectors outside pagedllm's registry (NixlConnector, P2pNcclConnector, LMCacheConnectorV1, ...)."""
+    kv = cfg.kv_transfer_config
+    if kv is None or kv.kv_connector is None:
+        return False, ""
+    # Imported here: the connectors import torch and the worker's cache spec (a cycle at import time).
+    from pagedllm.distributed.kv_transfer import registered_connectors
+
+    known = registered_connectors()
+    missing = [name for name in kv.connector_names() if name not in known]
+    return bool(missing), f"kv_transfer_config.kv_connector {', '.join(missing)} (supported: {', '.join(known)})"
 
 
 def _moe_architectures() -> frozenset[str]:

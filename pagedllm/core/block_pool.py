@@ -10,7 +10,7 @@ beginnings. Touching a cached block removes it from the middle of the list, henc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from pagedllm.core.hashing import BlockHash, request_extra_keys
@@ -110,6 +110,9 @@ class BlockPool:
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         # Records blocks entering and leaving the hash map (None: KV cache events are off).
         self.kv_events = kv_events
+        # Called with each cached block evicted for reuse, before its hash is cleared and before its KV
+        # is overwritten (a KV connector's offloading tier keeps a copy).
+        self.evicted_block_listeners: list[Callable[[KVCacheBlock], None]] = []
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
@@ -166,6 +169,8 @@ class BlockPool:
         removed: list[BlockHash] = []
         for block in blocks:
             if block.block_hash is not None:
+                for listener in self.evicted_block_listeners:
+                    listener(block)
                 self._evict(block, removed)
             block.ref_cnt = 1
         if removed and self.kv_events is not None:

@@ -51,6 +51,11 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # Prompt tokens looked up in / supplied by a KV connector (offloading tier, shared storage).
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    # The connector's transfer counters (bytes_loaded, bytes_saved, load_time_s, save_time_s).
+    kv_connector_stats: dict[str, float] = {}
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -29,3 +29,5 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, LogprobsLists | None] = field(default_factory=dict)
     # req_id -> pooled output of a pooling request whose prompt was computed this step.
     pooler_output: dict[str, list[float]] = field(default_factory=dict)
+    # The KV connector's worker-side counters of the step (bytes_loaded, load_time_s, ...).
+    kv_connector_stats: dict[str, float] = field(default_factory=dict)

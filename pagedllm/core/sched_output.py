@@ -56,6 +56,8 @@ class SchedulerOutput:
     # req_id -> draft tokens scheduled for verification after the request's last token (their count is
     # included in num_scheduled_tokens). Only requests with drafts appear.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # What the KV connector's worker side loads and saves this step (None without a connector).
+    kv_connector_metadata: Any = None
 
     @property
     def is_empty(self) -> bool:

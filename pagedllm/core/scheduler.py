@@ -27,6 +27,7 @@ from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequ
 if TYPE_CHECKING:
     # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
     from pagedllm.config import CacheConfig, SchedulerConfig
+    from pagedllm.distributed.kv_transfer import KVConnectorBase
 
 
 class GrammarBitmaskFiller(Protocol):
@@ -48,6 +49,7 @@ class Scheduler:
         log_stats: bool = True,
         structured_output_manager: GrammarBitmaskFiller | None = None,
         enable_kv_cache_events: bool = False,
+        kv_connector: KVConnectorBase | None = None,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -108,6 +110,13 @@ class Scheduler:
         self.waiting_for_fsm: list[Request] = []
         self.constrained_req_ids: set[str] = set()
         self.grammar_errors: dict[str, str] = {}
+        # The KV connector's scheduler side (offloading tier, shared storage): it may supply the tokens
+        # after a request's local prefix hit. Its counters since the last make_stats().
+        self.kv_connector = kv_connector
+        self.external_queries = self.external_hits = 0
+        self.kv_connector_stats: dict[str, float] = {}
+        if kv_connector is not None:
+            kv_connector.bind_scheduler(self.requests, self.kv_cache_manager)
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -188,6 +197,8 @@ class Scheduler:
             self.waiting_for_fsm = [r for r in self.waiting_for_fsm if r not in compiling]
 
     def _free_request(self, request: Request) -> None:
+        if self.kv_connector is not None:
+            self.kv_connector.request_finished(request)
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         self.constrained_req_ids.discard(request.request_id)
@@ -200,7 +211,10 @@ class Scheduler:
         return len(self.requests)
 
     def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
+        reset = self.kv_cache_manager.reset_prefix_cache()
+        if reset and self.kv_connector is not None:
+            self.kv_connector.reset_cache()
+        return reset
 
     def take_kv_events(self) -> list[KVCacheEvent]:
         """The KV cache events since the last call, for the engine core to publish."""
@@ -326,6 +340,8 @@ class Scheduler:
             scheduled_spec_decode_tokens=spec_decode_tokens,
         )
         self.finished_req_ids = set()
+        if self.kv_connector is not None:
+            output.kv_connector_metadata = self.kv_connector.build_connector_meta(output)
         return output
 
     def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int]) -> list[Request]:
@@ -335,7 +351,13 @@ class Scheduler:
         scheduled: list[Request] = []
         while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
-            computed_blocks, num_hit = kv.get_computed_blocks(request)
+            computed_blocks, num_local_hit = kv.get_computed_blocks(request)
+            num_external = (
+                self.kv_connector.get_num_new_matched_tokens(request, num_local_hit)
+                if self.kv_connector is not None
+                else 0
+            )
+            num_hit = num_local_hit + num_external
             num_new = request.num_tokens - num_hit
             if not self.enable_chunked_prefill and num_new > token_budget:
                 break  # the whole prompt must run in one step: wait for a step with room
@@ -346,12 +368,18 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop()
+            if self.kv_connector is not None:
+                self.kv_connector.update_state_after_alloc(
+                    request, kv.get_block_ids(request.request_id), num_external
+                )
+                self.external_queries += request.num_tokens - num_local_hit
+                self.external_hits += num_external
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
             if request.first_scheduled_time is None:
                 # Wall clock: the front-end subtracts its own time.time() arrival from it.
                 request.first_scheduled_time = time.time()
-            kv.record_prefix_cache_lookup(request.num_tokens, num_hit)
+            kv.record_prefix_cache_lookup(request.num_tokens, num_local_hit)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             self.running.append(request)
@@ -422,6 +450,8 @@ class Scheduler:
         pooler_output = model_runner_output.pooler_output
         spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
         any_stopped = False
+        for key, value in model_runner_output.kv_connector_stats.items():
+            self.kv_connector_stats[key] = self.kv_connector_stats.get(key, 0.0) + value
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
             if request is None:
@@ -486,6 +516,9 @@ class Scheduler:
             return None
         queries, hits = self.kv_cache_manager.take_prefix_cache_stats()
         num_preemptions, self.num_preemptions = self.num_preemptions, 0
+        external = (self.external_queries, self.external_hits)
+        self.external_queries = self.external_hits = 0
+        connector_stats, self.kv_connector_stats = self.kv_connector_stats, {}
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
@@ -493,4 +526,7 @@ class Scheduler:
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
             num_preemptions=num_preemptions,
+            external_prefix_cache_queries=external[0],
+            external_prefix_cache_hits=external[1],
+            kv_connector_stats=connector_stats,
         )

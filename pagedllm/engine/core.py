@@ -16,6 +16,7 @@ from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.distributed.kv_events import make_event_publisher
+from pagedllm.distributed.kv_transfer import KVConnectorRole, create_connector
 from pagedllm.engine.core_ops import EngineCoreOps
 from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
@@ -49,6 +50,7 @@ class EngineCore(EngineCoreOps):
                 log_stats=log_stats,
                 structured_output_manager=self.structured_output_manager,
                 enable_kv_cache_events=_kv_events_enabled(engine_config),
+                kv_connector=create_connector(engine_config, KVConnectorRole.SCHEDULER, self.kv_cache_spec),
             )
             self.block_hasher = get_request_block_hasher(cache_config)
             self.kv_event_publisher = make_event_publisher(engine_config.kv_events_config)
@@ -70,6 +72,7 @@ class EngineCore(EngineCoreOps):
         rpc = self.model_executor.collective_rpc
         # Every worker holds the same layers (no pipeline stages yet): rank 0's spec speaks for all.
         spec: KVCacheSpec = rpc("get_kv_cache_spec")[0]
+        self.kv_cache_spec = spec
         override = cache_config.num_gpu_blocks_override
         max_model_len = cfg.model_config.max_model_len
         if spec.num_layers == 0 and override is None:

@@ -36,6 +36,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "chat": Subcommand("pagedllm.entrypoints.chat", "Chat with the model in the terminal."),
     "serve": Subcommand("pagedllm.entrypoints.serve", "Start the OpenAI-compatible API server."),
     "bench": Subcommand("pagedllm.benchmarks.cli", "Benchmarks: throughput, latency, serve."),
+    "disagg-proxy": Subcommand(
+        "pagedllm.entrypoints.disagg_proxy", "Proxy for disaggregated prefill (prefill and decode instances)."
+    ),
 }
 
 

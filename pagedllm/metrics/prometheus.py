@@ -96,6 +96,25 @@ class PrometheusStatLogger:
         )
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.num_preemptions = counter("num_preemptions", "Requests preempted by the scheduler.")
+        self.external_prefix_cache_queries = counter(
+            "external_prefix_cache_queries", "Prompt tokens looked up in the KV connector (after local hits)."
+        )
+        self.external_prefix_cache_hits = counter(
+            "external_prefix_cache_hits", "Prompt tokens loaded from the KV connector instead of computed."
+        )
+        # The connector's transfers, by direction (load: into the KV cache, save: out of it).
+        self._kv_transfer_bytes = Counter(
+            f"{PREFIX}kv_transfer_bytes",
+            "Bytes of KV cache the KV connector moved.",
+            ["model_name", "transfer_type"],
+            registry=reg,
+        )
+        self._kv_transfer_time = Counter(
+            f"{PREFIX}kv_transfer_time_seconds",
+            "Seconds the KV connector spent moving KV cache.",
+            ["model_name", "transfer_type"],
+            registry=reg,
+        )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self._request_success = Counter(
@@ -161,6 +180,14 @@ class PrometheusStatLogger:
             self.prefix_cache_queries.inc(scheduler_stats.prefix_cache_queries)
             self.prefix_cache_hits.inc(scheduler_stats.prefix_cache_hits)
             self.num_preemptions.inc(scheduler_stats.num_preemptions)
+            self.external_prefix_cache_queries.inc(scheduler_stats.external_prefix_cache_queries)
+            self.external_prefix_cache_hits.inc(scheduler_stats.external_prefix_cache_hits)
+            kv = scheduler_stats.kv_connector_stats
+            for kind, bytes_key in (("load", "bytes_loaded"), ("save", "bytes_saved")):
+                if bytes_key in kv:
+                    self._kv_transfer_bytes.labels(self._model_name, kind).inc(kv[bytes_key])
+                if f"{kind}_time_s" in kv:
+                    self._kv_transfer_time.labels(self._model_name, kind).inc(kv[f"{kind}_time_s"])
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)

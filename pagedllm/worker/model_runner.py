@@ -40,6 +40,7 @@ from pagedllm.attention.encoder import EncoderOnlyMetadataBuilder
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.metrics.tracing import step_span
@@ -121,6 +122,8 @@ class ModelRunner:
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
         self.batch_invariant: bool = bool(envs.PAGEDLLM_BATCH_INVARIANT)
         self.kv_caches: list[torch.Tensor] = []
+        # The KV connector's worker side (see distributed/kv_transfer), created with the cache.
+        self.kv_connector: KVConnectorBase | None = None
 
         pin = current_platform.is_pin_memory_available() and self.device.type != "cpu"
         t, r = self.max_num_tokens, self.max_num_reqs
@@ -259,6 +262,10 @@ class ModelRunner:
             layers.values(), self.dtype, self.device, compiled
         )
         self.num_blocks = num_blocks
+        if self.kv_connector is None:  # (a wake-up re-allocates the cache, not the connector)
+            self.kv_connector = create_connector(self.engine_config, KVConnectorRole.WORKER, spec)
+        if self.kv_connector is not None:
+            self.kv_connector.register_kv_caches(self.kv_caches)
 
     @torch.inference_mode()
     def compile_or_warm_up_model(self) -> None:
@@ -426,6 +433,10 @@ class ModelRunner:
         """Run the step's forward and the logits of its sampling requests; `sample_tokens` finishes it."""
         self._update_states(so)
         self.execute_state = None
+        connector = self.kv_connector if so.kv_connector_metadata is not None else None
+        if connector is not None:
+            # The copies run in the background while the inputs are prepared.
+            connector.start_load_kv(so.kv_connector_metadata)
         if so.total_num_scheduled_tokens == 0:
             return
         model = self._require_model()
@@ -433,8 +444,12 @@ class ModelRunner:
         if drafts:
             self._write_draft_tokens(drafts)
         inputs = self._prepare_inputs(so)
+        if connector is not None:
+            connector.wait_for_load()
         with self._numerics(), set_forward_context(inputs.attn_metadata), self._forward_span(None):
             hidden = self._run_forward(inputs.input_ids, inputs.positions)
+        if connector is not None:
+            connector.save_kv(so.kv_connector_metadata)
         if self.pooling is not None:
             computed = self.input_batch.num_computed_tokens[inputs.rows]
             pooled = self.pooling.pool(hidden, inputs.req_ids, inputs.query_start_loc, computed)
@@ -482,7 +497,15 @@ class ModelRunner:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             pooler_output=state.pooled or {},
+            kv_connector_stats=self._finish_kv_saves(),
         )
+
+    def _finish_kv_saves(self) -> dict[str, float]:
+        """Wait for the connector's writes (a request's blocks are stored before its output leaves)."""
+        if self.kv_connector is None:
+            return {}
+        self.kv_connector.wait_for_save()
+        return self.kv_connector.take_stats()
 
     def _numerics(self) -> contextlib.AbstractContextManager[object]:
         return BatchInvariantMode() if self.batch_invariant else contextlib.nullcontext()

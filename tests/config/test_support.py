@@ -51,7 +51,22 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
             {"kv_transfer_config": KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")},
             "kv_connector",
         ),
-        ({"cache_config": CacheConfig(kv_offloading_size=2)}, "kv_offloading_size"),
+        (
+            {"kv_transfer_config": KVTransferConfig(kv_connector="P2pNcclConnector", kv_role="kv_both")},
+            "P2pNcclConnector",
+        ),
+        (
+            {"kv_transfer_config": KVTransferConfig(kv_connector="LMCacheConnectorV1", kv_role="kv_both")},
+            "LMCacheConnectorV1",
+        ),
+        (
+            {"cache_config": CacheConfig(kv_offloading_size=2, kv_offloading_backend="lmcache")},
+            "kv_offloading_backend='lmcache'",
+        ),
+        (
+            {"kv_transfer_config": KVTransferConfig(kv_connector="SharedStorageConnector")},
+            "kv_transfer_config.kv_role",
+        ),
         ({"cache_config": CacheConfig(cache_dtype="fp8")}, "cache_dtype"),
         ({"diffusion_config": DiffusionConfig(canvas_length=8)}, "diffusion_config"),
         ({"engram_config": EngramConfig()}, "engram"),
@@ -139,8 +154,19 @@ def test_supported_values_of_the_same_options_pass() -> None:
         observability_config=ObservabilityConfig(
             otlp_traces_endpoint="http://127.0.0.1:4318/v1/traces", collect_detailed_traces=["all"]
         ),
+        cache_config=CacheConfig(kv_offloading_size=2),
     )
     assert unsupported_features(cfg) == []
+    assert cfg.kv_transfer_config is not None and cfg.kv_transfer_config.kv_connector == "OffloadingConnector"
+    for connector in ("SharedStorageConnector", "OffloadingConnector"):
+        kv = KVTransferConfig(kv_connector=connector, kv_role="kv_consumer")
+        assert unsupported_features(EngineConfig(model_config=ModelConfig(), kv_transfer_config=kv)) == []
+    multi = KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": [{"kv_connector": "SharedStorageConnector"}]},
+    )
+    assert unsupported_features(EngineConfig(model_config=ModelConfig(), kv_transfer_config=multi)) == []
 
 
 @pytest.mark.parametrize(

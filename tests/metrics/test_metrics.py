@@ -199,3 +199,24 @@ def test_log_line_while_busy_then_once_idle(caplog: pytest.LogCaptureFixture) ->
     idle = stat_logger.log(now=start + 30)
     assert idle is not None and "Running: 0 reqs" in idle and "Avg generation throughput: 0.0" in idle
     assert stat_logger.log(now=start + 40) is None
+
+
+def test_prometheus_records_kv_connector_counters() -> None:
+    prom = PrometheusStatLogger("m", max_model_len=2048)
+    stats = SchedulerStats(
+        external_prefix_cache_queries=48,
+        external_prefix_cache_hits=32,
+        kv_connector_stats={"bytes_loaded": 4096.0, "load_time_s": 0.5, "bytes_saved": 1024.0},
+    )
+    prom.record(stats, None)
+    prom.record(stats, None)
+    samples = _samples(prom)
+    model = (("model_name", "m"),)
+    assert samples[("vllm:external_prefix_cache_queries_total", model)] == 96
+    assert samples[("vllm:external_prefix_cache_hits_total", model)] == 64
+    load = (("model_name", "m"), ("transfer_type", "load"))
+    save = (("model_name", "m"), ("transfer_type", "save"))
+    assert samples[("vllm:kv_transfer_bytes_total", load)] == 8192
+    assert samples[("vllm:kv_transfer_bytes_total", save)] == 2048
+    assert samples[("vllm:kv_transfer_time_seconds_total", load)] == 1.0
+    assert ("vllm:kv_transfer_time_seconds_total", save) not in samples
