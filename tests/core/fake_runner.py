@@ -129,6 +129,7 @@ def make_scheduler(
     max_num_batched_tokens: int = 32,
     enable_prefix_caching: bool = True,
     log_stats: bool = True,
+    enable_kv_cache_events: bool = False,
     **sched: Any,
 ) -> Scheduler:
     sc = SchedulerConfig(
@@ -138,7 +139,9 @@ def make_scheduler(
         **sched,
     )
     cc = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
-    return Scheduler(sc, cc, num_blocks, max_model_len, log_stats=log_stats)
+    return Scheduler(
+        sc, cc, num_blocks, max_model_len, log_stats=log_stats, enable_kv_cache_events=enable_kv_cache_events
+    )
 
 
 def make_request(

@@ -10,13 +10,16 @@ from types import SimpleNamespace
 import torch
 from fake_runner import FakeRunner, make_request, make_scheduler, step
 
+from pagedllm.core.kv_events import MEDIUM_DISK, BlockRemoved, BlockStored, external_block_hash
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.distributed.kv_transfer.base import KVConnectorRole
 from pagedllm.distributed.kv_transfer.offloading import OffloadingConnector
 from pagedllm.worker.kv_cache import KVCacheSpec
 
 
-def _scheduler(num_blocks: int, tier_blocks: int) -> tuple[Scheduler, OffloadingConnector]:
+def _scheduler(
+    num_blocks: int, tier_blocks: int, kv_events: bool = False
+) -> tuple[Scheduler, OffloadingConnector]:
     spec = KVCacheSpec(block_size=4, num_kv_heads=[1], head_size=[1], dtype=torch.float32)
     tier = OffloadingConnector(
         SimpleNamespace(kv_transfer_config=None),
@@ -24,7 +27,9 @@ def _scheduler(num_blocks: int, tier_blocks: int) -> tuple[Scheduler, Offloading
         spec,
         {"cpu_bytes_to_use": tier_blocks * spec.bytes_per_block},
     )
-    scheduler = make_scheduler(num_blocks=num_blocks, block_size=4, max_model_len=64)
+    scheduler = make_scheduler(
+        num_blocks=num_blocks, block_size=4, max_model_len=64, enable_kv_cache_events=kv_events
+    )
     scheduler.kv_connector = tier
     tier.bind_scheduler(scheduler.requests, scheduler.kv_cache_manager)
     return scheduler, tier
@@ -101,3 +106,25 @@ def test_small_tier_under_random_traffic_never_serves_wrong_blocks() -> None:
         # (The fake runner asserts every sampled position reads the request's own tokens.)
         total_loaded += _run(scheduler, runner, tier)[1]
     assert total_loaded > 0
+
+
+def test_tier_blocks_appear_in_kv_events_with_their_medium() -> None:
+    """A subscriber following the DISK-medium events knows exactly which hashes the tier holds."""
+    rng = random.Random(1)
+    scheduler, connector = _scheduler(num_blocks=16, tier_blocks=6, kv_events=True)
+    runner = FakeRunner(4)
+    tier = FakeTier(runner)
+    held: set[int] = set()
+    for n in range(12):
+        prompt = [rng.randrange(1000) for _ in range(rng.randrange(8, 24))]
+        scheduler.add_request(make_request(scheduler, f"r{n}", prompt, max_tokens=2))
+        _run(scheduler, runner, tier)
+        for event in scheduler.take_kv_events():
+            if getattr(event, "medium", None) != MEDIUM_DISK:
+                continue
+            if isinstance(event, BlockStored):
+                held.update(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                held.difference_update(event.block_hashes)
+        assert held == {external_block_hash(h) for h in connector._slots}
+    assert held

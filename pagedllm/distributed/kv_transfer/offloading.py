@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pagedllm.core.kv_events import MEDIUM_CPU, MEDIUM_DISK
 from pagedllm.distributed.kv_transfer.base import (
     KVConnectorBase,
     KVConnectorRole,
@@ -34,6 +35,7 @@ from pagedllm.distributed.kv_transfer.base import (
     scatter_blocks,
 )
 from pagedllm.distributed.kv_transfer.tier_store import allocate_tier, num_tier_slots
+from pagedllm.platforms import current_platform
 
 if TYPE_CHECKING:
     from pagedllm.core.block_pool import KVCacheBlock
@@ -82,6 +84,13 @@ class OffloadingConnector(KVConnectorBase):
     def bind_scheduler(self, requests: Mapping[str, Request], kv_cache_manager: KVCacheManager) -> None:
         super().bind_scheduler(requests, kv_cache_manager)
         kv_cache_manager.block_pool.evicted_block_listeners.append(self._on_evict)
+        events = kv_cache_manager.kv_events
+        if events is not None:
+            # The tier's blocks in KV cache events: host memory behind a CUDA pool, a file on the CPU.
+            # Like vLLM's offloading events they carry the hashes only (no tokens, no parent).
+            medium = MEDIUM_CPU if current_platform.is_cuda_alike() else MEDIUM_DISK
+            self.stored_listeners.append(lambda hashes: events.record_stored(hashes, None, [], medium=medium))
+            self.removed_listeners.append(lambda hashes: events.record_removed(hashes, medium=medium))
 
     def _take_slot(self) -> int | None:
         if self._free_slots:
