@@ -38,7 +38,8 @@ SUPPORTED = (
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
     "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
-    "profiler"
+    "profiler; LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
+    "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras)"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -83,7 +84,14 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
     )
     checks: list[tuple[bool, str]] = [
-        (cfg.lora_config is not None, "lora_config (LoRA adapters)"),
+        (
+            cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
+            "lora_config.fully_sharded_loras (needs tensor parallelism)",
+        ),
+        (
+            cfg.lora_config is not None and mc is not None and mc.pooler_config is not None,
+            "lora_config with a pooling model (LoRA serves generative models)",
+        ),
         (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
         (cc.kv_offloading_size is not None, "cache_config.kv_offloading_size (KV offloading)"),
         (

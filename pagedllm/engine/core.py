@@ -17,6 +17,7 @@ from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.core_ops import EngineCoreOps
 from pagedllm.engine.input_processor import validate_prompt_token_ids
+from pagedllm.engine.lora_ops import LoRAOps
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.executor import Executor
@@ -26,7 +27,7 @@ from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_f
 logger = logging.getLogger("pagedllm.engine")
 
 
-class EngineCore(EngineCoreOps):
+class EngineCore(EngineCoreOps, LoRAOps):
     def __init__(
         self, engine_config: Any, executor_class: type[Executor] | None = None, log_stats: bool = True
     ) -> None:
@@ -47,6 +48,7 @@ class EngineCore(EngineCoreOps):
                 engine_config.model_config.max_model_len,
                 log_stats=log_stats,
                 structured_output_manager=self.structured_output_manager,
+                max_loras=engine_config.lora_config.max_loras if engine_config.lora_config else None,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
         except BaseException:
@@ -101,6 +103,8 @@ class EngineCore(EngineCoreOps):
             validate_prompt_token_ids(request.prompt_token_ids, self._vocab_size)
             if (request.pooling_params is not None) != self._pooling:
                 raise ValueError("pooling requests need a pooling model, and a pooling model serves no others")
+            if request.lora_request is not None:
+                self._require_lora()
             core_request = Request.from_engine_core_request(request, self.block_hasher)
             constraint = request.sampling_params.structured_outputs
             if constraint is not None:

@@ -42,6 +42,7 @@ from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
+from pagedllm.lora.manager import LoRAManager
 from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
@@ -116,6 +117,8 @@ class ModelRunner:
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
+        # The adapters and each batch row's slot, when LoRA is enabled.
+        self.lora: LoRAManager | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
         self.batch_invariant: bool = bool(envs.PAGEDLLM_BATCH_INVARIANT)
@@ -143,6 +146,9 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
+        lora_config = self.engine_config.lora_config
+        if lora_config is not None:  # wraps the projections before any forward is built around them
+            self.lora = LoRAManager(self.model, lora_config, self.max_num_tokens, self.max_num_reqs, self.dtype)
         if self.model_config.pooler_config is not None:
             self.pooling = PoolingRunner(self.model, self.model_config.pooler_config)
         # A pooling model runs eagerly: its steps are whole prompts, which the compiled shape classes
@@ -166,6 +172,11 @@ class ModelRunner:
         if cc.mode in (None, CompilationMode.NONE):
             return model
         return CompiledForward(model, self.engine_config)
+
+    def require_lora(self) -> LoRAManager:
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled (enable_lora=True, or --enable-lora)")
+        return self.lora
 
     def _require_model(self) -> nn.Module:
         if self.model is None:
@@ -290,15 +301,17 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
-            batch.remove_request(req_id)
+            self._remove_row(batch.remove_request(req_id))
             self.generators.pop(req_id, None)
             self.prompt_logprobs.forget(req_id)
             if self.pooling is not None:
                 self.pooling.forget(req_id)
         for req_id in so.preempted_req_ids:
-            batch.remove_request(req_id)
+            self._remove_row(batch.remove_request(req_id))
         for new in so.scheduled_new_reqs:
-            batch.add_request(new)
+            row = batch.add_request(new)
+            if self.lora is not None:
+                self.lora.add_request(row, new.lora_request)
             if self.pooling is not None:
                 self.pooling.add_request(new, batch)
             params = new.sampling_params
@@ -313,6 +326,10 @@ class ModelRunner:
             row = batch.req_id_to_row[req_id]
             batch.num_computed_tokens[row] = num_computed
             batch.append_blocks(row, new_blocks)
+
+    def _remove_row(self, row: int | None) -> None:
+        if self.lora is not None and row is not None:
+            self.lora.remove_request(row)
 
     def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
         batch = self.input_batch
@@ -333,6 +350,8 @@ class ModelRunner:
             rows, num_sched = rows[order], num_sched[order]
             req_ids = [req_ids[i] for i in order.tolist()]
         num_reqs = len(req_ids)
+        if self.lora is not None:
+            self.lora.set_step(rows, num_sched)
 
         cu = np.cumsum(num_sched)
         qsl = self._query_start_loc.np[: num_reqs + 1]
