@@ -76,11 +76,10 @@ def peft_model(base: Path, adapter: Path | None) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def peft_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
-    """Greedy tokens (no EOS stop) and the log-softmax rows that chose them."""
-    ids = list(prompt)
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
-        ids.append(int(logits.argmax()))
-    full = model(input_ids=torch.tensor([ids])).logits[0].log_softmax(-1)
-    return ids[len(prompt) :], full[len(prompt) - 1 : -1]
+def check_against_peft(model: torch.nn.Module, prompt: list[int], tokens: list[int], logprobs: list[float]) -> None:
+    """`tokens` are PEFT's greedy continuation of `prompt` and `logprobs` their log-probabilities: one
+    teacher-forced forward gives every step's distribution (a step's argmax is its greedy token)."""
+    rows = model(input_ids=torch.tensor([prompt + tokens])).logits[0].log_softmax(-1)[len(prompt) - 1 : -1]
+    assert rows.argmax(-1).tolist() == tokens
+    want = rows[torch.arange(len(tokens)), torch.tensor(tokens)]
+    torch.testing.assert_close(torch.tensor(logprobs), want, atol=2e-4, rtol=0)
