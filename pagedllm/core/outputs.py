@@ -51,6 +51,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # LoRA adapter name -> its running / waiting requests (LoRA enabled only).
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -499,4 +499,14 @@ class Scheduler:
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
             num_preemptions=num_preemptions,
+            running_lora_adapters=_adapter_counts(self.running) if self.max_loras else {},
+            waiting_lora_adapters=_adapter_counts(self.waiting) if self.max_loras else {},
         )
+
+
+def _adapter_counts(requests: Iterable[Request]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in requests:
+        if r.lora_request is not None:
+            counts[r.lora_request.lora_name] = counts.get(r.lora_request.lora_name, 0) + 1
+    return counts

@@ -131,12 +131,11 @@ class LoRAManager:
         return True
 
     def remove_adapter(self, lora_int_id: int) -> bool:
-        """Forget the adapter (memory and slot); ValueError while a batch row uses it."""
+        """Forget the adapter (memory and slot). The engine refuses this while an unfinished request
+        uses it; a finished request's row may still count here until the next step drops it, which
+        frees the slot before any new request of that step takes one."""
         if lora_int_id in self.slot_lora:
-            slot = self.slot_lora.index(lora_int_id)
-            if self.slot_refs[slot]:
-                raise ValueError(f"LoRA adapter {lora_int_id} is in use by {self.slot_refs[slot]} requests")
-            self.slot_lora[slot] = 0
+            self.slot_lora[self.slot_lora.index(lora_int_id)] = 0
         return self.cpu_cache.pop(lora_int_id, None) is not None
 
     def list_adapters(self) -> list[int]:

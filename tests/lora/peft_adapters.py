@@ -83,3 +83,14 @@ def check_against_peft(model: torch.nn.Module, prompt: list[int], tokens: list[i
     assert rows.argmax(-1).tolist() == tokens
     want = rows[torch.arange(len(tokens)), torch.tensor(tokens)]
     torch.testing.assert_close(torch.tensor(logprobs), want, atol=2e-4, rtol=0)
+
+
+@torch.no_grad()
+def peft_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """PEFT's greedy continuation (no EOS stop) and the log-probability of each chosen token."""
+    ids, logprobs = list(prompt), []
+    for _ in range(max_new_tokens):
+        row = model(input_ids=torch.tensor([ids])).logits[0, -1].log_softmax(-1)
+        ids.append(int(row.argmax()))
+        logprobs.append(float(row.max()))
+    return ids[len(prompt) :], logprobs

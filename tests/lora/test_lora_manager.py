@@ -54,7 +54,7 @@ def test_lru_keeps_max_cpu_loras(files: dict[str, Path]) -> None:
     assert m.remove_adapter(2) and not m.remove_adapter(2)
 
 
-def test_slots_and_remove_in_use(files: dict[str, Path]) -> None:
+def test_slots(files: dict[str, Path]) -> None:
     m = _manager(files, max_loras=2, max_cpu_loras=3, max_lora_rank=16)
     m.add_request(0, _req(files, "qv8", 1))
     m.add_request(1, None)
@@ -62,8 +62,6 @@ def test_slots_and_remove_in_use(files: dict[str, Path]) -> None:
     m.set_step(np.array([2, 0, 1]), np.array([3, 1, 2]))
     mask = m.state.mask[:6]
     assert mask.tolist() == [[0, 1]] * 3 + [[1, 0]] + [[0, 0]] * 2 and m.state.active
-    with pytest.raises(ValueError, match="in use"):
-        m.remove_adapter(1)
     with pytest.raises(RuntimeError, match="max_loras"):
         m.add_request(3, _req(files, "all4-rs", 2))
     m.remove_request(0)

@@ -230,6 +230,7 @@ class OpenAIServingChat:
                 _PARAMS,
                 PROMPT_PARAM,
                 request.constraint_param(),
+                self.models.lora_request(model),
             )
         except OpenAIError as e:
             raise _chat_error(request, e) from e

@@ -146,6 +146,7 @@ class OpenAIServingCompletion:
             _PARAMS,
             PROMPT_PARAM,
             request.constraint_param(),
+            self.models.lora_request(model),
         )
         if request.stream:
             return self._stream(request, request_id, model, streams)
