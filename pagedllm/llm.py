@@ -127,7 +127,8 @@ class LLM(PoolingMixin):
         if priority is not None and len(priority) != len(prompt_list):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts")
         loras = lora_per_prompt(lora_request, len(prompt_list))
-        return self._run_requests(prompt_list, params_list, use_tqdm, priority, loras)  # type: ignore[return-value]
+        outputs = self._run_requests(prompt_list, params_list, use_tqdm, priority, loras)
+        return outputs  # type: ignore[return-value]
 
     def _run_requests(
         self,

@@ -403,7 +403,9 @@ class EngineArgs:
                 values = {
                     s.targets[0][1]: getattr(self, s.name)
                     for s in ARG_SPECS.values()
-                    if s.kind == "shortcut" and s.targets[0][0] == config_field and getattr(self, s.name) != s.default()
+                    if s.kind == "shortcut"
+                    and s.targets[0][0] == config_field
+                    and getattr(self, s.name) != s.default()
                 }
                 kwargs[config_field] = spec.group_cls(**values)
         enabled = {spec.targets[0][0]: spec.name for spec in ARG_SPECS.values() if spec.kind == "enable"}
@@ -411,7 +413,8 @@ class EngineArgs:
             if spec.kind == "shortcut" and getattr(self, spec.name) != spec.default():
                 config_field = spec.targets[0][0]
                 if config_field in enabled and kwargs.get(config_field) is None:
-                    raise ValueError(f"{spec.name} needs {enabled[config_field]}=True (--{enabled[config_field].replace('_', '-')})")
+                    flag = enabled[config_field]
+                    raise ValueError(f"{spec.name} needs {flag}=True (--{flag.replace('_', '-')})")
                 self._apply_shortcut(spec, getattr(self, spec.name), kwargs)
         return EngineConfig(**built, **kwargs)
 

@@ -53,7 +53,9 @@ class LoRALinearMethod(LinearMethodBase):
         in_size = int(layer.input_size_per_partition)  # type: ignore[arg-type]
         # Buffers (not parameters): the checkpoint loader and weight updates never see them.
         layer.register_buffer("lora_a", torch.zeros(n * s * r, in_size, dtype=dtype, device=device), False)
-        layer.register_buffer("lora_b", torch.zeros(n, s * r, max(slice_sizes), dtype=dtype, device=device), False)
+        layer.register_buffer(
+            "lora_b", torch.zeros(n, s * r, max(slice_sizes), dtype=dtype, device=device), False
+        )
         layer.register_buffer("lora_mask", state.mask, False)
 
     # The base's weights, loading and post-processing are untouched.
@@ -65,7 +67,9 @@ class LoRALinearMethod(LinearMethodBase):
         params_dtype: torch.dtype,
         weight_loader: WeightLoader,
     ) -> None:
-        self.base.create_weights(layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader)
+        self.base.create_weights(
+            layer, input_size_per_partition, output_partition_sizes, params_dtype, weight_loader
+        )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.base.process_weights_after_loading(layer)
@@ -90,7 +94,9 @@ class LoRALinearMethod(LinearMethodBase):
         return y + delta.view(y.shape).to(y.dtype)
 
     # ------------------------------------------------------------------------------- slots
-    def set_slot(self, layer: nn.Module, slot: int, slices: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+    def set_slot(
+        self, layer: nn.Module, slot: int, slices: list[tuple[torch.Tensor, torch.Tensor] | None]
+    ) -> None:
         """Write slot `slot`: per output slice, (A [rank, in], B [out_i, rank] scaled) or None (zero)."""
         n, s, r = len(self.slice_sizes), self.num_slots, self.max_rank
         a = layer.lora_a.view(n, s, r, -1)  # type: ignore[union-attr]

@@ -37,7 +37,12 @@ def lora_dtype(lora_config: Any, model_dtype: torch.dtype) -> torch.dtype:
 
 class LoRAManager:
     def __init__(
-        self, model: nn.Module, lora_config: Any, max_num_tokens: int, max_num_reqs: int, model_dtype: torch.dtype
+        self,
+        model: nn.Module,
+        lora_config: Any,
+        max_num_tokens: int,
+        max_num_reqs: int,
+        model_dtype: torch.dtype,
     ) -> None:
         self.max_loras: int = lora_config.max_loras
         self.max_cpu_loras: int = lora_config.max_cpu_loras or lora_config.max_loras
@@ -51,7 +56,9 @@ class LoRAManager:
         self.layers: dict[str, tuple[LinearBase, LoRALinearMethod]] = {}
         for name, module in model.named_modules():
             if isinstance(module, LinearBase) and name.rsplit(".", 1)[-1] in targets:
-                sizes = module.output_sizes if isinstance(module, ColumnParallelLinear) else [module.output_size]
+                sizes = (
+                    module.output_sizes if isinstance(module, ColumnParallelLinear) else [module.output_size]
+                )
                 method = LoRALinearMethod(module.quant_method, module, sizes, self.state, self.max_rank)
                 module.quant_method = method
                 self.layers[name] = (module, method)
@@ -148,7 +155,9 @@ class LoRAManager:
             return self.slot_lora.index(lora_id)
         free = [s for s in range(self.max_loras) if self.slot_refs[s] == 0]
         if not free:
-            raise RuntimeError(f"all {self.max_loras} LoRA slots are in use (max_loras): the scheduler must not admit more")
+            raise RuntimeError(
+                f"all {self.max_loras} LoRA slots are in use (max_loras): the scheduler must not admit more"
+            )
         slot = min(free, key=lambda s: (self.slot_lora[s] != 0, self.slot_used[s]))
         self.add_adapter(request)  # a no-op unless it was evicted from memory meanwhile
         _, weights = self.cpu_cache[lora_id]

@@ -92,10 +92,13 @@ def read_adapter_config(path: Path) -> dict[str, Any]:
             raise LoRAAdapterError(f"LoRA adapter {str(path)!r}: {what} is not supported")
     if config.get("bias", "none") != "none":
         raise LoRAAdapterError(
-            f"LoRA adapter {str(path)!r}: bias={config['bias']!r} (trained biases) is not supported; only 'none'"
+            f"LoRA adapter {str(path)!r}: bias={config['bias']!r} (trained biases) is not supported; "
+            "only 'none'"
         )
     if (path / "new_embeddings.safetensors").exists() or (path / "new_embeddings.bin").exists():
-        raise LoRAAdapterError(f"LoRA adapter {str(path)!r}: extra vocabulary (new_embeddings) is not supported")
+        raise LoRAAdapterError(
+            f"LoRA adapter {str(path)!r}: extra vocabulary (new_embeddings) is not supported"
+        )
     return config
 
 
@@ -141,7 +144,8 @@ def load_peft_adapter(path: str | Path, dtype: torch.dtype = torch.float32) -> L
         rank = int(a.shape[0])
         if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank:
             raise LoRAAdapterError(
-                f"LoRA adapter {str(path)!r}: {module} has lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}, "
+                f"LoRA adapter {str(path)!r}: {module} has lora_A {tuple(a.shape)} and "
+                f"lora_B {tuple(b.shape)}, "
                 "not [r, in] and [out, r]"
             )
         declared = _pattern_value(rank_pattern, module, config.get("r", rank))

@@ -48,7 +48,9 @@ def lora_per_prompt(
         return [lora_request] * num_prompts
     loras = list(lora_request)
     if len(loras) != num_prompts:
-        raise ValueError(f"got {len(loras)} lora_request entries for {num_prompts} prompts: pass one or one per prompt")
+        raise ValueError(
+            f"got {len(loras)} lora_request entries for {num_prompts} prompts: pass one or one per prompt"
+        )
     bad = [type(r).__name__ for r in loras if r is not None and not isinstance(r, LoRARequest)]
     if bad:
         raise TypeError(f"lora_request entries must be LoRARequest or None, not {bad[0]}")

@@ -148,7 +148,9 @@ class ModelRunner:
         self.model = get_model(self.engine_config)
         lora_config = self.engine_config.lora_config
         if lora_config is not None:  # wraps the projections before any forward is built around them
-            self.lora = LoRAManager(self.model, lora_config, self.max_num_tokens, self.max_num_reqs, self.dtype)
+            self.lora = LoRAManager(
+                self.model, lora_config, self.max_num_tokens, self.max_num_reqs, self.dtype
+            )
         if self.model_config.pooler_config is not None:
             self.pooling = PoolingRunner(self.model, self.model_config.pooler_config)
         # A pooling model runs eagerly: its steps are whole prompts, which the compiled shape classes

@@ -25,7 +25,9 @@ def test_at_most_max_loras_per_step_and_no_starvation() -> None:
         assert len(loras) <= 2
         admitted += [n.req_id for n in so.scheduled_new_reqs]
     # r4 (adapter 3) waited for a slot, and every request that arrived after it was admitted after it.
-    assert admitted.index("r4") < min(admitted.index(r) for r in admitted if r.startswith("late") and r != "late0")
+    assert admitted.index("r4") < min(
+        admitted.index(r) for r in admitted if r.startswith("late") and r != "late0"
+    )
     assert "r3" in admitted[:4]  # the base-model request needs no slot
     run_until_done(s, runner)
 

@@ -31,7 +31,9 @@ MAX_TOKENS = 5
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-server")
     base = make_base("llama", root / "base")
-    paths = {name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())}
+    paths = {
+        name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())
+    }
     paths["rank32"] = make_adapter(base, root / "rank32", AdapterSpec(32, ["q_proj"]), 7)
     paths["base"] = base
     return paths
@@ -68,13 +70,20 @@ def server(files: dict[str, Path]) -> Iterator[RemoteServer]:
 def _reference(files: dict[str, Path], name: str | None) -> tuple[str, list[float]]:
     tokenizer = AutoTokenizer.from_pretrained(files["base"])
     prompt = tokenizer.encode(PROMPT)
-    tokens, logprobs = peft_greedy(peft_model(files["base"], None if name is None else files[name]), prompt, MAX_TOKENS)
+    tokens, logprobs = peft_greedy(
+        peft_model(files["base"], None if name is None else files[name]), prompt, MAX_TOKENS
+    )
     return tokenizer.decode(tokens), logprobs
 
 
 def _complete(client: openai.OpenAI, model: str) -> openai.types.Completion:
     return client.completions.create(
-        model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=1, extra_body={"ignore_eos": True}
+        model=model,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True},
     )
 
 
@@ -106,7 +115,9 @@ def test_mixed_batch_equals_peft(client: openai.OpenAI, files: dict[str, Path]) 
 
 def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, files: dict[str, Path]) -> None:
     url = server.url
-    r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "all4", "lora_path": str(files["all4-rs"])})
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": "all4", "lora_path": str(files["all4-rs"])}
+    )
     assert r.status_code == 200, r.text
     _check(files, _complete(client, "all4"), "all4-rs")
     for body, status, words in (

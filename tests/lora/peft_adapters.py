@@ -48,8 +48,12 @@ class AdapterSpec:
 # Different ranks, targets (split and all projections) and scalings (alpha/r, rsLoRA, alpha_pattern).
 SPECS = {
     "qv8": AdapterSpec(8, ["q_proj", "v_proj"]),
-    "all4-rs": AdapterSpec(4, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 8, True),
-    "mlp16": AdapterSpec(16, ["gate_proj", "down_proj", "o_proj"], 32, extra={"alpha_pattern": {"down_proj": 8}}),
+    "all4-rs": AdapterSpec(
+        4, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], 8, True
+    ),
+    "mlp16": AdapterSpec(
+        16, ["gate_proj", "down_proj", "o_proj"], 32, extra={"alpha_pattern": {"down_proj": 8}}
+    ),
 }
 
 
@@ -76,7 +80,9 @@ def peft_model(base: Path, adapter: Path | None) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def check_against_peft(model: torch.nn.Module, prompt: list[int], tokens: list[int], logprobs: list[float]) -> None:
+def check_against_peft(
+    model: torch.nn.Module, prompt: list[int], tokens: list[int], logprobs: list[float]
+) -> None:
     """`tokens` are PEFT's greedy continuation of `prompt` and `logprobs` their log-probabilities: one
     teacher-forced forward gives every step's distribution (a step's argmax is its greedy token)."""
     rows = model(input_ids=torch.tensor([prompt + tokens])).logits[0].log_softmax(-1)[len(prompt) - 1 : -1]
@@ -86,7 +92,9 @@ def check_against_peft(model: torch.nn.Module, prompt: list[int], tokens: list[i
 
 
 @torch.no_grad()
-def peft_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+def peft_greedy(
+    model: torch.nn.Module, prompt: list[int], max_new_tokens: int
+) -> tuple[list[int], list[float]]:
     """PEFT's greedy continuation (no EOS stop) and the log-probability of each chosen token."""
     ids, logprobs = list(prompt), []
     for _ in range(max_new_tokens):

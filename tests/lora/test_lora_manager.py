@@ -24,7 +24,9 @@ from pagedllm.models.native import llama_decode
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-files")
     base = make_base("llama", root / "base")
-    paths = {name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())}
+    paths = {
+        name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())
+    }
     paths["base"] = base
     return paths
 
@@ -37,7 +39,9 @@ def _model(files: dict[str, Path]) -> torch.nn.Module:
 
 def _manager(files: dict[str, Path], model: torch.nn.Module | None = None, **config: int) -> LoRAManager:
     model = model if model is not None else _model(files)
-    return LoRAManager(model, LoRAConfig(**config), max_num_tokens=64, max_num_reqs=4, model_dtype=torch.float32)
+    return LoRAManager(
+        model, LoRAConfig(**config), max_num_tokens=64, max_num_reqs=4, model_dtype=torch.float32
+    )
 
 
 def _req(files: dict[str, Path], name: str, lora_id: int) -> LoRARequest:
@@ -90,7 +94,12 @@ def test_bad_adapters_are_refused_by_name(files: dict[str, Path], tmp_path: Path
     with pytest.raises(LoRAAdapterError, match="does not match the base model"):
         m.add_adapter(LoRARequest("mismatch", 3, str(tmp_path / "mismatch")))
     # Trained embeddings / LM head.
-    make_adapter(files["base"], tmp_path / "saves", AdapterSpec(4, ["q_proj"], extra={"modules_to_save": ["lm_head"]}), 0)
+    make_adapter(
+        files["base"],
+        tmp_path / "saves",
+        AdapterSpec(4, ["q_proj"], extra={"modules_to_save": ["lm_head"]}),
+        0,
+    )
     with pytest.raises(LoRAAdapterError, match="modules_to_save"):
         m.add_adapter(LoRARequest("saves", 4, str(tmp_path / "saves")))
     make_adapter(files["base"], tmp_path / "emb", AdapterSpec(4, ["embed_tokens", "q_proj"]), 0)

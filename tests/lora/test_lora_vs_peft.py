@@ -21,10 +21,14 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
-def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Path]]:
+def setup(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp(f"lora-{request.param}")
     base = make_base(request.param, root / "base")
-    adapters = {name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())}
+    adapters = {
+        name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())
+    }
     return base, adapters
 
 
@@ -43,7 +47,9 @@ def test_mixed_batch_matches_peft(setup: tuple[Path, dict[str, Path]]) -> None:
     # Every adapter (and the base model) on two prompts; the first prompt shared by all, so prefix-cache
     # blocks of one adapter would be hits for the others if they were not keyed by the adapter.
     shared = _prompt(40, 0)
-    jobs = [(name, shared) for name in names] + [(name, _prompt(17 + 5 * i, i + 1)) for i, name in enumerate(names)]
+    jobs = [(name, shared) for name in names] + [
+        (name, _prompt(17 + 5 * i, i + 1)) for i, name in enumerate(names)
+    ]
     llm = _llm(base, max_loras=len(adapters), max_lora_rank=16, enable_prefix_caching=True)
     outputs = llm.generate(
         [{"prompt_token_ids": p} for _, p in jobs],

@@ -44,7 +44,8 @@ def parse_lora_module(text: str) -> LoRAModulePath:
         unknown = sorted(set(spec) - {"name", "path", "base_model_name"})
         if unknown or not spec.get("name") or not spec.get("path"):
             raise ValueError(
-                f"--lora-modules JSON needs 'name' and 'path' (and optionally 'base_model_name'), got {text!r}"
+                "--lora-modules JSON needs 'name' and 'path' (and optionally 'base_model_name'), "
+                f"got {text!r}"
             )
         return LoRAModulePath(spec["name"], spec["path"], spec.get("base_model_name"))
     name, sep, path = text.partition("=")

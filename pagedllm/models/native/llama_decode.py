@@ -162,10 +162,8 @@ class LlamaNativeDecoder:
         self._layout: cpu_decode.DecodeLayout | None = None
         # The adapters' step state where the projections are LoRA-wrapped: this path computes the base
         # model only, so it steps aside whenever a token of the step runs an adapter.
-        self.lora_state = next(
-            (m.quant_method.state for m in _projections(layers[0]) if isinstance(m.quant_method, LoRALinearMethod)),
-            None,
-        )
+        methods = [m.quant_method for m in _projections(layers[0])]
+        self.lora_state = next((m.state for m in methods if isinstance(m, LoRALinearMethod)), None)
 
     @classmethod
     def for_model(cls, model: nn.Module) -> LlamaNativeDecoder | None:
