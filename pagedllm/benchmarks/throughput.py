@@ -120,17 +120,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         structured = None
         if loras:
-            for lora in loras:  # read from disk before the timed run
-                llm.add_lora(lora)
-            base = run_pagedllm(llm, requests)
-        result = run_pagedllm(llm, requests, loras)
-        if loras:
+            result, base = _run_lora_and_base(llm, requests, loras)
             ratio = result.total_tokens_per_s / base.total_tokens_per_s
             lora_report = {"num_loras": len(loras), "base_model": asdict(base), "ratio_lora_vs_base": ratio}
             print(
                 f"base model alone: {base.total_tokens_per_s:.1f} total tok/s ({base.elapsed:.1f} s); "
                 f"over {len(loras)} LoRA adapters: {result.total_tokens_per_s:.1f} -> {ratio:.3f}x"
             )
+        else:
+            result = run_pagedllm(llm, requests)
     roofline = before.best(probe())
     compute_limit = roofline.compute_tokens_per_s(stats.num_params)
     report = {
@@ -180,6 +178,26 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output_json, "w") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _run_lora_and_base(
+    llm, requests: list[SampleRequest], loras: list
+) -> tuple[ThroughputResult, ThroughputResult]:
+    """The requests over the adapters and on the base model alone, timed in the order base, adapters,
+    adapters, base (a machine load that drifts during the run weighs on both alike); each figure sums
+    its two runs."""
+    for lora in loras:  # read from disk before the timed runs
+        llm.add_lora(lora)
+    runs = [
+        run_pagedllm(llm, requests, loras if with_lora else None) for with_lora in (False, True, True, False)
+    ]
+
+    def total(pair: list[ThroughputResult]) -> ThroughputResult:
+        return ThroughputResult(
+            *(sum(getattr(r, f) for r in pair) for f in ThroughputResult.__dataclass_fields__)
+        )
+
+    return total(runs[1:3]), total([runs[0], runs[3]])
 
 
 def _run_structured(llm, requests: list[SampleRequest]) -> dict:

@@ -81,6 +81,10 @@ class LoRALinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         y = self.base.apply(layer, x, bias)
+        if not self.state.active:
+            # A step of base-model tokens only costs what it costs without LoRA (compiled graphs are
+            # keyed by this flag: `LoRAManager.graph_variant`).
+            return y
         a: torch.Tensor = layer.lora_a  # type: ignore[assignment]
         b: torch.Tensor = layer.lora_b  # type: ignore[assignment]
         mask: torch.Tensor = layer.lora_mask  # type: ignore[assignment]

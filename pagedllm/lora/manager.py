@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -181,6 +182,17 @@ class LoRAManager:
         if slot >= 0:
             self.slot_refs[slot] -= 1
             self.row_slot[row] = -1
+
+    def graph_variant(self) -> bool:
+        """What the compiled graphs of a step depend on beside its shape: whether adapters run."""
+        return self.state.active
+
+    def warm_up_variants(self) -> Iterator[bool]:
+        """Sets each graph variant in turn (for compiling both ahead of requests), then none active."""
+        for active in (False, True):
+            self.state.active = active
+            yield active
+        self.state.active = False
 
     def set_step(self, rows: np.ndarray, num_scheduled: np.ndarray) -> None:
         """Write the step's token -> slot mask (rows and token counts in batch order)."""

@@ -157,6 +157,8 @@ class ModelRunner:
         # (built around decodes) do not serve.
         eager = self.batch_invariant or self.pooling is not None
         self._forward = self.model if eager else self._build_forward(self.model)
+        if self.lora is not None and isinstance(self._forward, CompiledForward):
+            self._forward.graph_variant = self.lora.graph_variant
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -288,8 +290,10 @@ class ModelRunner:
         for n in forward.warm_up_sizes():
             ids = torch.zeros(n, dtype=torch.int64, device=self.device)
             positions = torch.arange(n, dtype=torch.int64, device=self.device)
-            with set_forward_context(None):
-                hidden = forward(ids, positions)
+            # With LoRA, the graphs of steps with and without adapters.
+            for _ in self.lora.warm_up_variants() if self.lora is not None else (None,):
+                with set_forward_context(None):
+                    hidden = forward(ids, positions)
         model.compute_logits(hidden[-1:])
         logger.info(
             "compiled %d graphs in %.1f s (%d from the compile cache at %s)",
