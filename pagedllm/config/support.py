@@ -1,7 +1,7 @@
 """The single gate between what the configuration can express and what pagedllm implements.
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
-not have (LoRA, speculative decoding, KV connectors and offloading, pipeline/data/context
+not have (speculative decoding, KV connectors and offloading, pipeline/data/context
 parallelism, DBO, engram, diffusion, watermarking, ...). Their sub-configs and rules exist so that the
 spec's algorithms (CUDA-graph capture sizes with speculative decode, lookahead slots, KV offloading ->
 connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
-from peft_adapters import SPECS, AdapterSpec, make_adapter, make_base, peft_greedy, peft_model  # noqa: E402
+from peft_adapters import AdapterSpec, make_adapter, make_adapters, peft_greedy, peft_model  # noqa: E402
 from remote_server import RemoteServer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -30,12 +30,8 @@ MAX_TOKENS = 5
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-server")
-    base = make_base("llama", root / "base")
-    paths = {
-        name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())
-    }
-    paths["rank32"] = make_adapter(base, root / "rank32", AdapterSpec(32, ["q_proj"]), 7)
-    paths["base"] = base
+    paths = make_adapters(root)
+    paths["rank32"] = make_adapter(paths["base"], root / "rank32", AdapterSpec(32, ["q_proj"]), 7)
     return paths
 
 

@@ -9,30 +9,19 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from tiny_llm import build_tokenizer, make_tiny_llm
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from tiny_llm import make_tiny_llm
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 
 def make_base(kind: str, path: Path) -> Path:
+    """The tiny Llama of `tiny_llm` (with its tokenizer), or a Qwen2 of the same shape in its place."""
+    make_tiny_llm(path)
     if kind == "llama":
-        return make_tiny_llm(path)
-    tokenizer = build_tokenizer()
-    tokenizer.save_pretrained(path)
-    config = Qwen2Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=len(tokenizer),
-        max_position_embeddings=512,
-        initializer_range=0.15,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
+        return path
+    llama = AutoConfig.from_pretrained(path).to_dict()
+    shared = {k: v for k, v in llama.items() if k in Qwen2Config().to_dict() and k != "model_type"}
     torch.manual_seed(1)
-    Qwen2ForCausalLM(config).save_pretrained(path)
+    Qwen2ForCausalLM(Qwen2Config(**{**shared, "tie_word_embeddings": False})).save_pretrained(path)
     return path
 
 
@@ -55,6 +44,15 @@ SPECS = {
         16, ["gate_proj", "down_proj", "o_proj"], 32, extra={"alpha_pattern": {"down_proj": 8}}
     ),
 }
+
+
+def make_adapters(root: Path) -> dict[str, Path]:
+    """A tiny Llama base ("base") and one adapter per entry of SPECS, under `root`."""
+    base = make_base("llama", root / "base")
+    paths = {
+        name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())
+    }
+    return {**paths, "base": base}
 
 
 def make_adapter(base: Path, out: Path, spec: AdapterSpec, seed: int) -> Path:

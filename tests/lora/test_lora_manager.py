@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from peft_adapters import SPECS, AdapterSpec, make_adapter, make_base
+from peft_adapters import SPECS, AdapterSpec, make_adapter, make_adapters, make_base
 
 from pagedllm.config import LoRAConfig
 from pagedllm.forward_context import set_forward_context
@@ -22,13 +22,7 @@ from pagedllm.models.native import llama_decode
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("lora-files")
-    base = make_base("llama", root / "base")
-    paths = {
-        name: make_adapter(base, root / name, spec, seed) for seed, (name, spec) in enumerate(SPECS.items())
-    }
-    paths["base"] = base
-    return paths
+    return make_adapters(tmp_path_factory.mktemp("lora-files"))
 
 
 def _model(files: dict[str, Path]) -> torch.nn.Module:
