@@ -53,6 +53,12 @@ _VARS: list[EnvVar] = [
         "updates, /reset_prefix_cache): never on a server reachable by untrusted clients.",
     ),
     EnvVar(
+        "PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        _flag,
+        "Expose POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --enable-lora), as vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING.",
+    ),
+    EnvVar(
         "PAGEDLLM_BATCH_INVARIANT",
         _flag,
         "Batch-invariant execution: a request's results do not depend on which other requests share "

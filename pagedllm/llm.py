@@ -18,6 +18,7 @@ from pagedllm.engine.input_processor import PromptType, TokensPrompt
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.llm_pooling import PoolingMixin
+from pagedllm.lora.request import LoRARequest, lora_per_prompt
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -110,11 +111,13 @@ class LLM(PoolingMixin):
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions; a prompt is a string or ``{"prompt_token_ids": [...]}``.
 
         ``sampling_params`` is one SamplingParams for all prompts, one per prompt, or None for the
-        model's defaults."""
+        model's defaults; ``lora_request`` likewise one adapter for all prompts or one per prompt
+        (None: the base model)."""
         prompt_list: list[PromptType] = (
             [prompts] if isinstance(prompts, str | Mapping) else list(prompts)  # type: ignore[list-item]
         )
@@ -123,7 +126,9 @@ class LLM(PoolingMixin):
         params_list = self._params_per_prompt(sampling_params, len(prompt_list))
         if priority is not None and len(priority) != len(prompt_list):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompt_list)} prompts")
-        return self._run_requests(prompt_list, params_list, use_tqdm, priority)  # type: ignore[return-value]
+        loras = lora_per_prompt(lora_request, len(prompt_list))
+        outputs = self._run_requests(prompt_list, params_list, use_tqdm, priority, loras)
+        return outputs  # type: ignore[return-value]
 
     def _run_requests(
         self,
@@ -131,6 +136,7 @@ class LLM(PoolingMixin):
         params: Sequence[SamplingParams | PoolingParams],
         use_tqdm: bool,
         priority: Sequence[int] | None = None,
+        loras: Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput | PoolingRequestOutput]:
         """Queue every prompt with its params, step the engine until all finished, outputs in order."""
         request_ids: list[str] = []
@@ -138,7 +144,11 @@ class LLM(PoolingMixin):
             for i, (prompt, request_params) in enumerate(zip(prompts, params)):
                 request_id = str(next(self._request_counter))
                 self.llm_engine.add_request(
-                    request_id, prompt, request_params, priority=0 if priority is None else priority[i]
+                    request_id,
+                    prompt,
+                    request_params,
+                    priority=0 if priority is None else priority[i],
+                    lora_request=None if loras is None else loras[i],
                 )
                 request_ids.append(request_id)
         except BaseException:
@@ -156,6 +166,7 @@ class LLM(PoolingMixin):
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of messages) or to a list of conversations."""
         conversations: list[Sequence[Mapping[str, Any]]]
@@ -177,7 +188,17 @@ class LLM(PoolingMixin):
             # The template wrote the special tokens itself: do not let the tokenizer add a second BOS.
             token_ids = list(tokenizer.encode(text, add_special_tokens=False))
             prompts.append(TokensPrompt(prompt_token_ids=token_ids, prompt=text))
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load and check a LoRA adapter now (requests naming it load it on first use anyway)."""
+        return self.llm_engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.llm_engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> set[int]:
+        return self.llm_engine.list_loras()
 
     def _params_per_prompt(
         self, sampling_params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int

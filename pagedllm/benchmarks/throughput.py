@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pagedllm.benchmarks import structured_output
 from pagedllm.benchmarks.datasets import SampleRequest, chat_requests, parse_range, random_requests
 from pagedllm.benchmarks.hf_baseline import BaselineResult, add_baseline_args, hf_models, run_hf_generate
+from pagedllm.benchmarks.lora import add_lora_args, lora_requests
 from pagedllm.benchmarks.model_stats import ModelStats
 from pagedllm.benchmarks.roofline import Roofline
 from pagedllm.config.args import EngineArgs
@@ -59,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add_baseline_args(group, "batched generate")
     group.add_argument("--hf-batch-size", type=int, default=32)
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
+    add_lora_args(parser.add_argument_group("LoRA"))
     EngineArgs.add_cli_args(parser)
     return parser
 
@@ -83,11 +85,13 @@ def build_workload(args: argparse.Namespace, llm) -> list[SampleRequest]:
     return requests
 
 
-def run_pagedllm(llm, requests: list[SampleRequest]) -> ThroughputResult:
+def run_pagedllm(llm, requests: list[SampleRequest], loras: list | None = None) -> ThroughputResult:
+    """The requests in one generate call; with `loras`, request i runs adapter i mod len(loras)."""
     prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    per_prompt = [loras[i % len(loras)] for i in range(len(requests))] if loras else None
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=True)
+    outputs = llm.generate(prompts, params, use_tqdm=True, lora_request=per_prompt)
     elapsed = time.perf_counter() - start
     num_out = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     num_in = sum(len(r.prompt_token_ids) for r in requests)
@@ -108,12 +112,23 @@ def run(args: argparse.Namespace) -> int:
         Roofline.measure, model_config.dtype, stats.hidden_size, stats.intermediate_size
     )
     before = probe()
+    loras = lora_requests(args, llm.llm_engine.engine_config)
+    lora_report = None
     if args.dataset == "json":
         structured = _run_structured(llm, requests)
         result = structured.pop("result")
     else:
         structured = None
-        result = run_pagedllm(llm, requests)
+        if loras:
+            result, base = _run_lora_and_base(llm, requests, loras)
+            ratio = result.total_tokens_per_s / base.total_tokens_per_s
+            lora_report = {"num_loras": len(loras), "base_model": asdict(base), "ratio_lora_vs_base": ratio}
+            print(
+                f"base model alone: {base.total_tokens_per_s:.1f} total tok/s ({base.elapsed:.1f} s); "
+                f"over {len(loras)} LoRA adapters: {result.total_tokens_per_s:.1f} -> {ratio:.3f}x"
+            )
+        else:
+            result = run_pagedllm(llm, requests)
     roofline = before.best(probe())
     compute_limit = roofline.compute_tokens_per_s(stats.num_params)
     report = {
@@ -140,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if structured is not None:
         report["structured_outputs"] = structured
+    if lora_report is not None:
+        report["lora"] = lora_report
     if args.baseline == "hf":
         llm.llm_engine.shutdown()
         del llm
@@ -161,6 +178,26 @@ def run(args: argparse.Namespace) -> int:
         with open(args.output_json, "w") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _run_lora_and_base(
+    llm, requests: list[SampleRequest], loras: list
+) -> tuple[ThroughputResult, ThroughputResult]:
+    """The requests over the adapters and on the base model alone, timed in the order base, adapters,
+    adapters, base (a machine load that drifts during the run weighs on both alike); each figure sums
+    its two runs."""
+    for lora in loras:  # read from disk before the timed runs
+        llm.add_lora(lora)
+    runs = [
+        run_pagedllm(llm, requests, loras if with_lora else None) for with_lora in (False, True, True, False)
+    ]
+
+    def total(pair: list[ThroughputResult]) -> ThroughputResult:
+        return ThroughputResult(
+            *(sum(getattr(r, f) for r in pair) for f in ThroughputResult.__dataclass_fields__)
+        )
+
+    return total(runs[1:3]), total([runs[0], runs[3]])
 
 
 def _run_structured(llm, requests: list[SampleRequest]) -> dict:

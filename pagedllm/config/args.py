@@ -75,6 +75,17 @@ SHORTCUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("reasoning_config", "reasoning_parser"),
     ),
 }
+# vLLM's flags that turn an optional sub-config on (built with its defaults unless given as JSON), and
+# its flat options for that sub-config's fields (which need the flag).
+ENABLE_FLAGS: dict[str, tuple[str, str]] = {
+    "enable_lora": ("lora_config", "Serve LoRA adapters (the lora_config options below, or --lora-config)."),
+}
+SHORTCUTS.update(
+    {
+        name: (("lora_config", name),)
+        for name in ("max_loras", "max_lora_rank", "max_cpu_loras", "lora_dtype", "fully_sharded_loras")
+    }
+)
 # Sizes that accept `4k` (4000) / `4K` (4096) style suffixes on the command line.
 HUMAN_READABLE_INTS = frozenset({"max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"})
 # Resolved values one sub-config takes from another already-built one.
@@ -185,9 +196,9 @@ class ArgSpec:
 
     name: str
     """EngineArgs attribute; the flag is `--` + name with dashes."""
-    kind: Literal["flat", "json", "top", "shortcut"]
+    kind: Literal["flat", "json", "top", "shortcut", "enable"]
     """flat: a field of flat sub-configs; json: a whole sub-config; top: an EngineConfig field;
-    shortcut: one field of JSON sub-configs (`SHORTCUTS`)."""
+    shortcut: one field of JSON sub-configs (`SHORTCUTS`); enable: builds a sub-config (`ENABLE_FLAGS`)."""
     targets: tuple[tuple[str, str], ...]
     """(EngineConfig field, sub-config field) pairs fed by this option; for json/top the field is ""."""
     group_cls: type
@@ -304,6 +315,12 @@ def _build_specs() -> dict[str, ArgSpec]:
             specs[config_field] = ArgSpec(
                 config_field, "top", ((config_field, ""),), EngineConfig, info.annotation, info
             )
+    for name, (config_field, doc) in ENABLE_FLAGS.items():
+        cls = _sub_config_class(top[config_field].annotation)
+        assert cls is not None and name not in specs
+        specs[name] = ArgSpec(
+            name, "enable", ((config_field, ""),), cls, bool, FieldInfo(default=False, description=doc)
+        )
     for name, targets in SHORTCUTS.items():
         config_field, field = targets[0]
         cls = _sub_config_class(top[config_field].annotation)
@@ -367,7 +384,7 @@ class EngineArgs:
             elif spec.kind == "json":
                 if value is not None:
                     kwargs[spec.name] = self._sub_config(spec, value)
-            elif spec.kind == "shortcut":
+            elif spec.kind in ("shortcut", "enable"):
                 continue  # below, once the JSON sub-configs are built
             else:
                 kwargs[spec.name] = value
@@ -380,7 +397,24 @@ class EngineArgs:
             assert cls is not None
             built[config_field] = cls(**sub_kwargs[config_field])
         for spec in ARG_SPECS.values():
+            config_field = spec.targets[0][0]
+            if spec.kind == "enable" and getattr(self, spec.name) and kwargs.get(config_field) is None:
+                # Built with its flat options at once: a sub-config may derive defaults from them.
+                values = {
+                    s.targets[0][1]: getattr(self, s.name)
+                    for s in ARG_SPECS.values()
+                    if s.kind == "shortcut"
+                    and s.targets[0][0] == config_field
+                    and getattr(self, s.name) != s.default()
+                }
+                kwargs[config_field] = spec.group_cls(**values)
+        enabled = {spec.targets[0][0]: spec.name for spec in ARG_SPECS.values() if spec.kind == "enable"}
+        for spec in ARG_SPECS.values():
             if spec.kind == "shortcut" and getattr(self, spec.name) != spec.default():
+                config_field = spec.targets[0][0]
+                if config_field in enabled and kwargs.get(config_field) is None:
+                    flag = enabled[config_field]
+                    raise ValueError(f"{spec.name} needs {flag}=True (--{flag.replace('_', '-')})")
                 self._apply_shortcut(spec, getattr(self, spec.name), kwargs)
         return EngineConfig(**built, **kwargs)
 

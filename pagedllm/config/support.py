@@ -1,7 +1,7 @@
 """The single gate between what the configuration can express and what pagedllm implements.
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
-not have (LoRA, speculative decoding, KV connectors and offloading, pipeline/data/context
+not have (speculative decoding, KV connectors and offloading, pipeline/data/context
 parallelism, DBO, engram, diffusion, watermarking, ...). Their sub-configs and rules exist so that the
 spec's algorithms (CUDA-graph capture sizes with speculative decode, lookahead slots, KV offloading ->
 connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
@@ -42,7 +42,9 @@ SUPPORTED = (
     "collect_detailed_traces); request logs (logging_config.enable_log_requests, max_log_len); "
     "scheduler_config.stream_interval; KV cache events (kv_events_config, publisher 'zmq' or 'null'); "
     "KV connectors SharedStorageConnector (disaggregated prefill through a shared directory), "
-    "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector"
+    "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
+    "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
+    "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras)"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -87,7 +89,14 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
     )
     checks: list[tuple[bool, str]] = [
-        (cfg.lora_config is not None, "lora_config (LoRA adapters)"),
+        (
+            cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
+            "lora_config.fully_sharded_loras (needs tensor parallelism)",
+        ),
+        (
+            cfg.lora_config is not None and mc is not None and mc.pooler_config is not None,
+            "lora_config with a pooling model (LoRA serves generative models)",
+        ),
         (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
         _unregistered_connectors(cfg),
         (

@@ -56,6 +56,9 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     external_prefix_cache_hits: int = 0
     # The connector's transfer counters (bytes_loaded, bytes_saved, load_time_s, save_time_s).
     kv_connector_stats: dict[str, float] = {}
+    # LoRA adapter name -> its running / waiting requests (LoRA enabled only).
+    running_lora_adapters: dict[str, int] = {}
+    waiting_lora_adapters: dict[str, int] = {}
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

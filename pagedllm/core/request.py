@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from pagedllm.core.outputs import FinishReason
+from pagedllm.lora.request import LoRARequest
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
@@ -38,12 +39,13 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     eos_token_id: int | None
     arrival_time: float = 0.0
     priority: int = 0
-    lora_int_id: int = 0
     # A pooling request (embedding, classification, score): it finishes once its prompt is computed.
     pooling_params: PoolingParams | None = None
     # The W3C trace-context headers the client sent (traceparent, tracestate): the parent of the
     # request's `llm_request` span when tracing is on.
     trace_headers: dict[str, str] | None = None
+    # The LoRA adapter the request runs with (None: the base model).
+    lora_request: LoRARequest | None = None
 
 
 class RequestStatus(enum.IntEnum):
@@ -85,7 +87,7 @@ class Request:
         eos_token_id: int | None,
         arrival_time: float = 0.0,
         priority: int = 0,
-        lora_int_id: int = 0,
+        lora_request: LoRARequest | None = None,
         block_hasher: Callable[[Request], list[BlockHash]] | None = None,
         pooling_params: PoolingParams | None = None,
     ) -> None:
@@ -98,7 +100,9 @@ class Request:
         self.eos_token_id = eos_token_id
         self.arrival_time = arrival_time
         self.priority = priority
-        self.lora_int_id = lora_int_id
+        self.lora_request = lora_request
+        # 0 for the base model: the scheduler's adapter accounting and the prefix-cache key.
+        self.lora_int_id = lora_request.lora_int_id if lora_request is not None else 0
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         # A concrete max_tokens is set by the front-end; None (or unset) means "up to max_model_len",
@@ -144,7 +148,7 @@ class Request:
             eos_token_id=request.eos_token_id,
             arrival_time=request.arrival_time,
             priority=request.priority,
-            lora_int_id=request.lora_int_id,
+            lora_request=request.lora_request,
             block_hasher=block_hasher,
             pooling_params=request.pooling_params,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedllm.lora.request import LoRARequest
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
 
@@ -24,7 +25,7 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
-    lora_int_id: int = 0
+    lora_request: LoRARequest | None = None
     # Set for a pooling request: the runner returns its pooled output instead of sampling.
     pooling_params: PoolingParams | None = None
 

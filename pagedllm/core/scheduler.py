@@ -50,6 +50,7 @@ class Scheduler:
         structured_output_manager: GrammarBitmaskFiller | None = None,
         enable_kv_cache_events: bool = False,
         kv_connector: KVConnectorBase | None = None,
+        max_loras: int | None = None,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -75,6 +76,8 @@ class Scheduler:
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.policy: str = scheduler_config.policy
+        # Distinct LoRA adapters the running requests may use at once (None: LoRA is off).
+        self.max_loras = max_loras
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.log_stats = log_stats
@@ -315,7 +318,7 @@ class Scheduler:
                 sampling_params=r.sampling_params,
                 block_ids=kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
-                lora_int_id=r.lora_int_id,
+                lora_request=r.lora_request,
                 pooling_params=r.pooling_params,
             )
             for r in scheduled_new
@@ -346,11 +349,22 @@ class Scheduler:
 
     def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int]) -> list[Request]:
         """Admit waiting (and preempted) requests in policy order while budget, seats and blocks last.
-        Stops at the first request that does not fit, so no request is overtaken by a later one."""
+        Stops at the first request that does not fit, so no request is overtaken by a later one: that
+        also holds for a request whose LoRA adapter would be one more than `max_loras` running
+        adapters, which waits until one of them drains instead of being starved by later requests of
+        the running adapters."""
         kv = self.kv_cache_manager
         scheduled: list[Request] = []
+        loras = {r.lora_int_id for r in self.running if r.lora_int_id} if self.max_loras else set()
         while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
+            if (
+                self.max_loras
+                and request.lora_int_id
+                and request.lora_int_id not in loras
+                and len(loras) >= self.max_loras
+            ):
+                break
             computed_blocks, num_local_hit = kv.get_computed_blocks(request)
             num_external = (
                 self.kv_connector.get_num_new_matched_tokens(request, num_local_hit)
@@ -384,6 +398,8 @@ class Scheduler:
             request.num_computed_tokens = num_hit
             self.running.append(request)
             scheduled.append(request)
+            if request.lora_int_id:
+                loras.add(request.lora_int_id)
             num_scheduled_tokens[request.request_id] = num_new
             token_budget -= num_new
         return scheduled
@@ -529,4 +545,14 @@ class Scheduler:
             external_prefix_cache_queries=external[0],
             external_prefix_cache_hits=external[1],
             kv_connector_stats=connector_stats,
+            running_lora_adapters=_adapter_counts(self.running) if self.max_loras else {},
+            waiting_lora_adapters=_adapter_counts(self.waiting) if self.max_loras else {},
         )
+
+
+def _adapter_counts(requests: Iterable[Request]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in requests:
+        if r.lora_request is not None:
+            counts[r.lora_request.lora_name] = counts.get(r.lora_request.lora_name, 0) + 1
+    return counts

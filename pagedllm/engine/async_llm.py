@@ -21,6 +21,7 @@ from pagedllm.engine.output_processor import OutputProcessor, RequestOutputColle
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.engine.request_observer import RequestObserver
 from pagedllm.engine.utility import EngineSleepingError
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.loggers import LoggingStatLogger
 from pagedllm.metrics.prometheus import PrometheusStatLogger
 from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
@@ -87,7 +88,12 @@ class AsyncLLM:
         self.max_model_len: int = int(self.model_config.max_model_len)
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._tracker = RequestStatsTracker()
-        self.prometheus = PrometheusStatLogger(model_name, self.max_model_len)
+        lora_config = engine_config.lora_config
+        self.prometheus = PrometheusStatLogger(
+            model_name, self.max_model_len, lora_config.max_loras if lora_config is not None else None
+        )
+        # LoRA adapters the core has read and checked (each is checked before its first request).
+        self._loras: set[int] = set()
         self.stat_logger = LoggingStatLogger() if log_stats else None
         self._background: set[asyncio.Task[Any]] = set()
         self._handler_error: EngineDeadError | None = None
@@ -135,6 +141,7 @@ class AsyncLLM:
         params: SamplingParams | PoolingParams | None,
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestStream:
         """Validate and send a request (ValueError naming the problem if it is invalid); ``trace_headers``
         (W3C traceparent/tracestate) make its trace span a child of the caller's."""
@@ -143,8 +150,10 @@ class AsyncLLM:
             raise EngineSleepingError()
         if request_id in self._collectors:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None and lora_request.lora_int_id not in self._loras:
+            await self.add_lora(lora_request)
         request, prompt_text = self.input_processor.process_inputs(
-            request_id, prompt, params, priority=priority, trace_headers=trace_headers
+            request_id, prompt, params, priority=priority, trace_headers=trace_headers, lora_request=lora_request
         )
         collector = RequestOutputCollector(request.sampling_params.output_kind)
         core_requests = self.output_processor.add_user_request(request, prompt_text, sink=collector)
@@ -203,6 +212,18 @@ class AsyncLLM:
         between two steps; ValueError for bad arguments."""
         self._raise_if_dead()
         return await self.client.call_utility_async(method, *args, **kwargs)
+
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check a LoRA adapter in the core (ValueError naming the problem)."""
+        added = bool(await self.call_utility("add_lora", lora_request))
+        self._loras.add(lora_request.lora_int_id)
+        return added
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter (ValueError while an unfinished request uses it)."""
+        removed = bool(await self.call_utility("remove_lora", lora_int_id))
+        self._loras.discard(lora_int_id)
+        return removed
 
     async def sleep(self, level: int = 1) -> None:
         await self.call_utility("sleep", level)

@@ -19,6 +19,7 @@ from pagedllm.distributed.kv_events import make_event_publisher
 from pagedllm.distributed.kv_transfer import KVConnectorRole, create_connector
 from pagedllm.engine.core_ops import EngineCoreOps
 from pagedllm.engine.input_processor import validate_prompt_token_ids
+from pagedllm.engine.lora_ops import LoRAOps
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.executor import Executor
@@ -28,7 +29,7 @@ from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_f
 logger = logging.getLogger("pagedllm.engine")
 
 
-class EngineCore(EngineCoreOps):
+class EngineCore(EngineCoreOps, LoRAOps):
     def __init__(
         self, engine_config: Any, executor_class: type[Executor] | None = None, log_stats: bool = True
     ) -> None:
@@ -51,6 +52,7 @@ class EngineCore(EngineCoreOps):
                 structured_output_manager=self.structured_output_manager,
                 enable_kv_cache_events=_kv_events_enabled(engine_config),
                 kv_connector=create_connector(engine_config, KVConnectorRole.SCHEDULER, self.kv_cache_spec),
+                max_loras=engine_config.lora_config.max_loras if engine_config.lora_config else None,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
             self.kv_event_publisher = make_event_publisher(engine_config.kv_events_config)
@@ -107,6 +109,8 @@ class EngineCore(EngineCoreOps):
             validate_prompt_token_ids(request.prompt_token_ids, self._vocab_size)
             if (request.pooling_params is not None) != self._pooling:
                 raise ValueError("pooling requests need a pooling model, and a pooling model serves no others")
+            if request.lora_request is not None:
+                self._require_lora()
             core_request = Request.from_engine_core_request(request, self.block_hasher)
             constraint = request.sampling_params.structured_outputs
             if constraint is not None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NotRequired, Protocol, TypedDict
 
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.lora.request import LoRARequest
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.structured_output.backends import apply_engine_config
@@ -142,6 +143,7 @@ class InputProcessor:
         arrival_time: float | None = None,
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and build the core request; returns it with the prompt text (for the outputs).
         `PoolingParams` make a pooling request (a pooling model only)."""
@@ -166,6 +168,7 @@ class InputProcessor:
             priority=priority,
             pooling_params=pooling,
             trace_headers=trace_headers,
+            lora_request=lora_request,
         )
         return request, prompt_text
 

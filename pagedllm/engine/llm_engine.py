@@ -16,6 +16,7 @@ from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedllm.engine.request_observer import RequestObserver
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -109,6 +110,8 @@ class LLMEngine:
         self.scheduler_stats: SchedulerStats | None = None
         # Outputs held back when a step raised for a refused request (see step()).
         self._undelivered: list[RequestOutput] = []
+        # LoRA adapters the core has read and checked (each is checked before its first request).
+        self._loras: set[int] = set()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -125,6 +128,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
         trace_headers: dict[str, str] | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Validate and queue a request (ValueError with the reason when it is not acceptable);
         ``trace_headers`` (W3C traceparent/tracestate) make its trace span a child of the caller's."""
@@ -133,8 +137,16 @@ class LLMEngine:
             or request_id in self.output_processor.parent_requests
         ):
             raise ValueError(f"request id {request_id!r} is already in use")
+        if lora_request is not None and lora_request.lora_int_id not in self._loras:
+            self.add_lora(lora_request)
         request, prompt_text = self.input_processor.process_inputs(
-            request_id, prompt, params, arrival_time, priority, trace_headers
+            request_id,
+            prompt,
+            params,
+            arrival_time,
+            priority,
+            trace_headers=trace_headers,
+            lora_request=lora_request,
         )
         core_requests = self.output_processor.add_user_request(request, prompt_text)
         try:
@@ -192,6 +204,22 @@ class LLMEngine:
     def call_utility(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """An engine operation by name: sleep mode, weight updates, profiling, worker RPCs."""
         return self.engine_core.call_utility(method, *args, **kwargs)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check a LoRA adapter in the engine (ValueError naming the problem); False if it
+        was loaded already."""
+        added = bool(self.call_utility("add_lora", lora_request))
+        self._loras.add(lora_request.lora_int_id)
+        return added
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Unload an adapter (ValueError while an unfinished request uses it)."""
+        removed = bool(self.call_utility("remove_lora", lora_int_id))
+        self._loras.discard(lora_int_id)
+        return removed
+
+    def list_loras(self) -> set[int]:
+        return set(self.call_utility("list_loras"))
 
     def shutdown(self) -> None:
         self.engine_core.shutdown()

@@ -27,6 +27,9 @@ UTILITY_METHODS = frozenset(
         "init_weight_transfer_engine",
         "update_weights",
         "update_weights_from_disk",
+        "add_lora",
+        "remove_lora",
+        "list_loras",
     }
 )
 

@@ -74,6 +74,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="A Python file that registers tool parsers with ToolParserManager.register_module.",
     )
     server.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters served under their own model names (needs --enable-lora): name=path, or "
+        'JSON \'{"name": ..., "path": ..., "base_model_name": ...}\'.',
+    )
+    server.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],

@@ -72,7 +72,7 @@ def _token_buckets(max_model_len: int) -> list[float]:
 
 
 class PrometheusStatLogger:
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int, max_loras: int | None = None) -> None:
         self.registry = CollectorRegistry()
         self._aliases = CollectorRegistry()
         self._aliases.register(_Aliases(self.registry))
@@ -163,6 +163,19 @@ class PrometheusStatLogger:
             "Arrival to the first time the scheduler scheduled the request.",
             _LATENCY_BUCKETS,
         )
+        # vLLM's LoRA info gauge: its labels are the adapters now running / waiting (comma-separated
+        # names), its value the time they were last reported. Only with LoRA enabled.
+        self._max_loras = max_loras
+        self.lora_requests_info = (
+            Gauge(
+                f"{PREFIX}lora_requests_info",
+                "Running stats on LoRA requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=reg,
+            )
+            if max_loras is not None
+            else None
+        )
         token_buckets = _token_buckets(max_model_len)
         self.request_prompt_tokens = histogram(
             "request_prompt_tokens", "Prompt length of finished requests.", token_buckets
@@ -188,6 +201,14 @@ class PrometheusStatLogger:
                     self._kv_transfer_bytes.labels(self._model_name, kind).inc(kv[bytes_key])
                 if f"{kind}_time_s" in kv:
                     self._kv_transfer_time.labels(self._model_name, kind).inc(kv[f"{kind}_time_s"])
+            if self.lora_requests_info is not None:
+                # One series: the current adapters (an old label set would otherwise linger forever).
+                self.lora_requests_info.clear()
+                self.lora_requests_info.labels(
+                    str(self._max_loras),
+                    ",".join(sorted(scheduler_stats.waiting_lora_adapters)),
+                    ",".join(sorted(scheduler_stats.running_lora_adapters)),
+                ).set_to_current_time()
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)

@@ -40,7 +40,7 @@ import logging
 import os
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +133,9 @@ class CompiledForward:
         # sliding-window layer from the others, are skipped, so the key must.
         self._fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._blocks: list[nn.Module] = []
+        # Part of every graph's key beside the shape class: a state the traced code branches on (the
+        # step has LoRA adapters or not), which the skipped guards would otherwise bake in.
+        self.graph_variant: Callable[[], Hashable] = lambda: None
         # One-token steps of decodes only, in one native call where the model allows it.
         self.native: NativeDecoder | None = None
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
@@ -218,7 +221,7 @@ class CompiledForward:
         key = self._key
         if key is None:  # called outside __call__ (a profiling run, a test driving the model)
             return type(block).forward(block, *args)
-        full_key = (*signature, key, tuple(a is None for a in args))
+        full_key = (*signature, key, self.graph_variant(), tuple(a is None for a in args))
         fn = self._fns.get(full_key)
         if fn is not None:
             return fn(block, *args)

@@ -43,6 +43,7 @@ from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
+from pagedllm.lora.manager import LoRAManager
 from pagedllm.metrics.tracing import step_span
 from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
@@ -118,6 +119,8 @@ class ModelRunner:
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
+        # The adapters and each batch row's slot, when LoRA is enabled.
+        self.lora: LoRAManager | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
         self.batch_invariant: bool = bool(envs.PAGEDLLM_BATCH_INVARIANT)
@@ -149,12 +152,19 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
+        lora_config = self.engine_config.lora_config
+        if lora_config is not None:  # wraps the projections before any forward is built around them
+            self.lora = LoRAManager(
+                self.model, lora_config, self.max_num_tokens, self.max_num_reqs, self.dtype
+            )
         if self.model_config.pooler_config is not None:
             self.pooling = PoolingRunner(self.model, self.model_config.pooler_config)
         # A pooling model runs eagerly: its steps are whole prompts, which the compiled shape classes
         # (built around decodes) do not serve.
         eager = self.batch_invariant or self.pooling is not None
         self._forward = self.model if eager else self._build_forward(self.model)
+        if self.lora is not None and isinstance(self._forward, CompiledForward):
+            self._forward.graph_variant = self.lora.graph_variant
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -172,6 +182,11 @@ class ModelRunner:
         if cc.mode in (None, CompilationMode.NONE):
             return model
         return CompiledForward(model, self.engine_config)
+
+    def require_lora(self) -> LoRAManager:
+        if self.lora is None:
+            raise ValueError("LoRA is not enabled (enable_lora=True, or --enable-lora)")
+        return self.lora
 
     def _require_model(self) -> nn.Module:
         if self.model is None:
@@ -285,8 +300,10 @@ class ModelRunner:
         for n in forward.warm_up_sizes():
             ids = torch.zeros(n, dtype=torch.int64, device=self.device)
             positions = torch.arange(n, dtype=torch.int64, device=self.device)
-            with set_forward_context(None):
-                hidden = forward(ids, positions)
+            # With LoRA, the graphs of steps with and without adapters.
+            for _ in self.lora.warm_up_variants() if self.lora is not None else (None,):
+                with set_forward_context(None):
+                    hidden = forward(ids, positions)
         model.compute_logits(hidden[-1:])
         logger.info(
             "compiled %d graphs in %.1f s (%d from the compile cache at %s)",
@@ -300,15 +317,17 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
-            batch.remove_request(req_id)
+            self._remove_row(batch.remove_request(req_id))
             self.generators.pop(req_id, None)
             self.prompt_logprobs.forget(req_id)
             if self.pooling is not None:
                 self.pooling.forget(req_id)
         for req_id in so.preempted_req_ids:
-            batch.remove_request(req_id)
+            self._remove_row(batch.remove_request(req_id))
         for new in so.scheduled_new_reqs:
-            batch.add_request(new)
+            row = batch.add_request(new)
+            if self.lora is not None:
+                self.lora.add_request(row, new.lora_request)
             if self.pooling is not None:
                 self.pooling.add_request(new, batch)
             params = new.sampling_params
@@ -323,6 +342,10 @@ class ModelRunner:
             row = batch.req_id_to_row[req_id]
             batch.num_computed_tokens[row] = num_computed
             batch.append_blocks(row, new_blocks)
+
+    def _remove_row(self, row: int | None) -> None:
+        if self.lora is not None and row is not None:
+            self.lora.remove_request(row)
 
     def _prepare_inputs(self, so: SchedulerOutput) -> _StepInputs:
         batch = self.input_batch
@@ -343,6 +366,8 @@ class ModelRunner:
             rows, num_sched = rows[order], num_sched[order]
             req_ids = [req_ids[i] for i in order.tolist()]
         num_reqs = len(req_ids)
+        if self.lora is not None:
+            self.lora.set_step(rows, num_sched)
 
         cu = np.cumsum(num_sched)
         qsl = self._query_start_loc.np[: num_reqs + 1]

@@ -13,6 +13,7 @@ import torch
 from pagedllm import envs
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.tracing import flush_traces, step_span
 from pagedllm.platforms import current_platform
 from pagedllm.worker.kv_cache import KVCacheSpec
@@ -139,6 +140,15 @@ class Worker:
 
     def update_weights_from_disk(self, path: str) -> int:
         return self.weight_updater.update_from_disk(path)
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.runner.require_lora().add_adapter(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.runner.require_lora().remove_adapter(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self.runner.require_lora().list_adapters()
 
     def shutdown(self) -> None:
         # Drop the model and caches so their memory is returned now, not at interpreter exit.

@@ -42,7 +42,7 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
 @pytest.mark.parametrize(
     ("fields", "flag"),
     [
-        ({"lora_config": LoRAConfig()}, "lora_config"),
+        ({"lora_config": LoRAConfig(fully_sharded_loras=True)}, "fully_sharded_loras"),
         (
             {"speculative_config": SpeculativeConfig(method="eagle", num_speculative_tokens=2)},
             "speculative_config",
@@ -242,7 +242,7 @@ def test_every_unsupported_flag_listed_once(triton_installed: None) -> None:
     with allow_unsupported():
         cfg = EngineConfig(
             model_config=ModelConfig(),
-            lora_config=LoRAConfig(),
+            lora_config=LoRAConfig(fully_sharded_loras=True),
             watermark_config=WatermarkConfig(),
         )
     found = unsupported_features(cfg)
@@ -258,9 +258,9 @@ def test_default_config_is_supported() -> None:
 
 def test_gate_lifted_only_inside_block() -> None:
     with allow_unsupported():
-        EngineConfig(lora_config=LoRAConfig())
-    with pytest.raises(ValueError, match="lora_config"):
-        EngineConfig(lora_config=LoRAConfig())
+        EngineConfig(lora_config=LoRAConfig(fully_sharded_loras=True))
+    with pytest.raises(ValueError, match="fully_sharded_loras"):
+        EngineConfig(lora_config=LoRAConfig(fully_sharded_loras=True))
 
 
 # -- bad input names the field -------------------------------------------------------------------------

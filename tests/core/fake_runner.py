@@ -22,6 +22,7 @@ from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import EngineCoreOutputs, FinishReason
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 
 VOCAB = 1000
@@ -130,6 +131,7 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     log_stats: bool = True,
     enable_kv_cache_events: bool = False,
+    max_loras: int | None = None,
     **sched: Any,
 ) -> Scheduler:
     sc = SchedulerConfig(
@@ -140,7 +142,13 @@ def make_scheduler(
     )
     cc = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     return Scheduler(
-        sc, cc, num_blocks, max_model_len, log_stats=log_stats, enable_kv_cache_events=enable_kv_cache_events
+        sc,
+        cc,
+        num_blocks,
+        max_model_len,
+        log_stats=log_stats,
+        enable_kv_cache_events=enable_kv_cache_events,
+        max_loras=max_loras,
     )
 
 
@@ -153,6 +161,7 @@ def make_request(
     arrival_time: float = 0.0,
     priority: int = 0,
     algo: str = "sha256",
+    lora_int_id: int = 0,
     **params: Any,
 ) -> Request:
     cc = CacheConfig(
@@ -169,6 +178,7 @@ def make_request(
         arrival_time=arrival_time,
         priority=priority,
         block_hasher=get_request_block_hasher(cc),
+        lora_request=LoRARequest(f"lora{lora_int_id}", lora_int_id, "/adapters") if lora_int_id else None,
     )
 
 

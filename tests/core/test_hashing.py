@@ -22,6 +22,7 @@ from pagedllm.core.hashing import (
     hash_block_tokens,
 )
 from pagedllm.core.request import Request
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -32,7 +33,7 @@ def make_request(tokens: list[int], algo: str = "sha256", block_size: int = 4, l
         tokens,
         SamplingParams(max_tokens=4),
         None,
-        lora_int_id=lora,
+        lora_request=LoRARequest(f"l{lora}", lora, "/l") if lora else None,
         block_hasher=get_request_block_hasher(cc),
     )
 
@@ -112,12 +113,14 @@ import json, sys
 from types import SimpleNamespace
 from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 out = {}
 for algo in sys.argv[1:]:
     # The attributes of a CacheConfig (importing pagedllm.config would take seconds).
     cc = SimpleNamespace(block_size=4, prefix_caching_hash_algo=algo, enable_prefix_caching=True)
-    r = Request("r", list(range(40)), SamplingParams(max_tokens=1), None, lora_int_id=2,
+    r = Request("r", list(range(40)), SamplingParams(max_tokens=1), None,
+                lora_request=LoRARequest("l", 2, "/l"),
                 block_hasher=get_request_block_hasher(cc))
     out[algo] = [h.hex() for h in r.block_hashes]
 print(json.dumps(out))

@@ -6,12 +6,14 @@ import pytest
 
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.engine.protocol import EngineCoreRequest, FinishReason
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 
 
 def test_from_engine_core_request_copies_every_field() -> None:
     sp = SamplingParams(max_tokens=5, stop_token_ids=[7, 9])
-    wire = EngineCoreRequest("r1", [1, 2, 3], sp, 2, arrival_time=4.5, priority=3, lora_int_id=1)
+    wire = EngineCoreRequest("r1", [1, 2, 3], sp, 2, arrival_time=4.5, priority=3, lora_request=LoRARequest("a", 1, "/a")
+    )
     seen: list[int] = []
 
     def hasher(req: Request) -> list[bytes]:

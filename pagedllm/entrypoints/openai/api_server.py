@@ -45,6 +45,7 @@ from pagedllm.entrypoints.openai.protocol import (
 )
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_lora import LoRARegistry, add_lora_routes, parse_lora_module
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, add_pooling_routes
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
@@ -99,7 +100,11 @@ def build_app(
     tool_calling: ToolCallingConfig | None = None,
 ) -> FastAPI:
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
-    models = OpenAIServingModels(served_model_names, str(engine.model_config.model), engine.max_model_len)
+    lora = LoRARegistry(engine, served_model_names) if engine.engine_config.lora_config is not None else None
+    app.state.lora = lora
+    models = OpenAIServingModels(
+        served_model_names, str(engine.model_config.model), engine.max_model_len, lora
+    )
     prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
     completions = OpenAIServingCompletion(engine, models, prompts, max_n)
     chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, tool_calling)
@@ -186,6 +191,8 @@ def build_app(
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
         return JSONResponse((await tokenization.detokenize(request)).model_dump())
 
+    if lora is not None and envs.PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING:
+        add_lora_routes(app, lora)
     # Profiling, and in dev mode sleep mode, weight updates and worker calls.
     register_operation_routes(app, engine)
     return app
@@ -258,6 +265,9 @@ async def run_server(
         tool_calling = load_tool_calling_config(
             args.enable_auto_tool_choice, args.tool_call_parser, args.tool_parser_plugin
         )
+        lora_modules = [parse_lora_module(m) for m in args.lora_modules or ()]
+        if lora_modules and engine_config.lora_config is None:
+            raise ValueError("--lora-modules needs --enable-lora")
     except ValueError as e:
         # Before the engine starts: a bad flag should not cost a model load.
         logger.error("%s", e)
@@ -281,6 +291,12 @@ async def run_server(
             max_n=args.max_n_sequences,
             tool_calling=tool_calling,
         )
+        for module in lora_modules:
+            try:
+                await app.state.lora.load(module)
+            except OpenAIError as e:
+                logger.error("--lora-modules %s: %s", module.name, e.message)
+                return 2
         config = uvicorn.Config(
             app,
             host=args.host,

@@ -489,6 +489,8 @@ class ModelCard(OpenAIBaseModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "pagedllm"
     root: str | None = None
+    # The base model of a LoRA adapter (None for a base model).
+    parent: str | None = None
     max_model_len: int | None = None
 
 

@@ -226,7 +226,8 @@ class OpenAIServingChat:
                 _PARAMS,
                 PROMPT_PARAM,
                 request.constraint_param(),
-                trace_headers,
+                trace_headers=trace_headers,
+                lora_request=self.models.lora_request(model),
             )
         except OpenAIError as e:
             raise _chat_error(request, e) from e

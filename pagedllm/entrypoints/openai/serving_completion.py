@@ -144,7 +144,8 @@ class OpenAIServingCompletion:
             _PARAMS,
             PROMPT_PARAM,
             request.constraint_param(),
-            trace_headers,
+            trace_headers=trace_headers,
+            lora_request=self.models.lora_request(model),
         )
         if request.stream:
             return self._stream(request, request_id, model, streams)

@@ -20,6 +20,7 @@ from pagedllm.entrypoints.openai.protocol import (
     ErrorResponse,
     SamplingFields,
 )
+from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
 
@@ -101,15 +102,24 @@ async def start_requests(
     prompt_param: str,
     constraint_param: str | None = None,
     trace_headers: dict[str, str] | None = None,
+    lora_request: LoRARequest | None = None,
 ) -> list[RequestStream]:
-    """Admit one engine request per prompt; a bad one fails them all with a 400 naming the parameter.
-    ``trace_headers`` (the client's W3C trace context) become the parent of each request's span."""
+    """Admit one engine request per prompt (with the adapter the model name selected); a bad one fails
+    them all with a 400 naming the parameter. ``trace_headers`` (the client's W3C trace context) become
+    the parent of each request's span."""
     streams: list[RequestStream] = []
     try:
         for i, prompt in enumerate(prompts):
             sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             streams.append(
-                await engine.add_request(sub_id, prompt, params, priority=priority, trace_headers=trace_headers)
+                await engine.add_request(
+                    sub_id,
+                    prompt,
+                    params,
+                    priority=priority,
+                    trace_headers=trace_headers,
+                    lora_request=lora_request,
+                )
             )
     except (ValueError, TypeError) as e:
         for stream in streams:

@@ -11,7 +11,8 @@ one-token steps where `for_model` accepts the loaded model; every other step run
 
 Accepted: the Llama model's layers (Llama, SmolLM2, Mistral with or without a sliding window, Qwen2
 with its q/k/v biases, Qwen3 with its per-head q/k norms) whose projections are plain dense products
-(their linear method exposes a `dense_weight`: not quantized, no adapters) on one tensor-parallel
+(their linear method exposes a `dense_weight`: not quantized; LoRA-wrapped projections expose their
+base weight, and a step where any token runs an adapter goes to the graphs) on one tensor-parallel
 rank, float32 weights on an AVX-512 CPU or bfloat16 weights on one with AVX512-BF16, and an attention
 shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
 """
@@ -32,6 +33,7 @@ from pagedllm.forward_context import get_forward_context
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.lora.layers import LoRALinearMethod
 
 logger = logging.getLogger("pagedllm.compile")
 
@@ -158,6 +160,10 @@ class LlamaNativeDecoder:
         self._layers: ctypes.Array[_LlamaLayer] | None = None
         self._model: _LlamaModel | None = None
         self._layout: cpu_decode.DecodeLayout | None = None
+        # The adapters' step state where the projections are LoRA-wrapped: this path computes the base
+        # model only, so it steps aside whenever a token of the step runs an adapter.
+        methods = [m.quant_method for m in _projections(layers[0])]
+        self.lora_state = next((m.state for m in methods if isinstance(m, LoRALinearMethod)), None)
 
     @classmethod
     def for_model(cls, model: nn.Module) -> LlamaNativeDecoder | None:
@@ -255,10 +261,10 @@ class LlamaNativeDecoder:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
         """The final hidden states of a one-token step, or None where it runs the graphs: without
-        attention metadata (a warm-up or profiling run), or with caches the attention kernel cannot
-        serve."""
+        attention metadata (a warm-up or profiling run), with caches the attention kernel cannot
+        serve, or when a token of the step runs a LoRA adapter."""
         md = get_forward_context().attn_metadata
-        if md is None or not self._bind():
+        if md is None or (self.lora_state is not None and self.lora_state.active) or not self._bind():
             return None
         assert self._cache is not None and self._layout is not None
         step = native_decode_step(md, self._cache.shape[3], self.window)

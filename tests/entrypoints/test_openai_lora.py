@@ -1,0 +1,155 @@
+"""LoRA adapters through a real server and the official openai client: static (--lora-modules, both
+forms) and runtime-loaded adapters selected by `model`, their completions equal to HF PEFT's in one
+mixed batch with the base model, /v1/models with `parent`, clear 400/404 errors, an in-use adapter not
+unloaded under its running request, and the vllm:lora_requests_info gauge."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
+from peft_adapters import AdapterSpec, make_adapter, make_adapters, peft_greedy, peft_model  # noqa: E402
+from remote_server import RemoteServer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+BASE = "tiny-base"
+PROMPT = "The quick brown fox jumps over"
+MAX_TOKENS = 5
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("lora-server")
+    paths = make_adapters(root)
+    paths["rank32"] = make_adapter(paths["base"], root / "rank32", AdapterSpec(32, ["q_proj"]), 7)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def server(files: dict[str, Path]) -> Iterator[RemoteServer]:
+    mlp = json.dumps({"name": "mlp16", "path": str(files["mlp16"]), "base_model_name": "tiny-llama-hf"})
+    remote = RemoteServer(
+        extra_args=[
+            "--model",
+            str(files["base"]),
+            "--served-model-name",
+            BASE,
+            "--enable-lora",
+            "--max-loras",
+            "2",
+            "--max-lora-rank",
+            "16",
+            "--dtype",
+            "float32",
+            "--lora-modules",
+            f"qv8={files['qv8']}",
+            mlp,
+        ],
+        env={"PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
+    )
+    try:
+        yield remote
+    finally:
+        remote.kill()
+
+
+def _reference(files: dict[str, Path], name: str | None) -> tuple[str, list[float]]:
+    tokenizer = AutoTokenizer.from_pretrained(files["base"])
+    prompt = tokenizer.encode(PROMPT)
+    tokens, logprobs = peft_greedy(
+        peft_model(files["base"], None if name is None else files[name]), prompt, MAX_TOKENS
+    )
+    return tokenizer.decode(tokens), logprobs
+
+
+def _complete(client: openai.OpenAI, model: str) -> openai.types.Completion:
+    return client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=1,
+        extra_body={"ignore_eos": True},
+    )
+
+
+def _check(files: dict[str, Path], completion: openai.types.Completion, name: str | None) -> None:
+    text, logprobs = _reference(files, name)
+    choice = completion.choices[0]
+    assert choice.text == text, name
+    assert choice.logprobs is not None
+    assert choice.logprobs.token_logprobs == pytest.approx(logprobs, abs=2e-4)
+
+
+def test_models_list_adapters_with_parent(client: openai.OpenAI, files: dict[str, Path]) -> None:
+    cards = {m.id: m for m in client.models.list().data}
+    assert set(cards) == {BASE, "qv8", "mlp16"}
+    assert cards["qv8"].parent == BASE and cards["qv8"].root == str(files["qv8"])  # type: ignore[attr-defined]
+    assert cards["mlp16"].parent == "tiny-llama-hf"  # type: ignore[attr-defined]
+
+
+def test_mixed_batch_equals_peft(client: openai.OpenAI, files: dict[str, Path]) -> None:
+    models = [BASE, "qv8", "mlp16", BASE, "qv8"]
+    with ThreadPoolExecutor(len(models)) as pool:
+        completions = list(pool.map(lambda m: _complete(client, m), models))
+    for model, completion in zip(models, completions):
+        assert completion.model == model
+        _check(files, completion, None if model == BASE else model)
+    with pytest.raises(openai.NotFoundError, match="nope"):
+        _complete(client, "nope")
+
+
+def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, files: dict[str, Path]) -> None:
+    url = server.url
+    r = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": "all4", "lora_path": str(files["all4-rs"])}
+    )
+    assert r.status_code == 200, r.text
+    _check(files, _complete(client, "all4"), "all4-rs")
+    for body, status, words in (
+        ({"lora_name": "all4", "lora_path": str(files["all4-rs"])}, 400, "already been loaded"),
+        ({"lora_name": "gone", "lora_path": str(files["base"] / "nowhere")}, 400, "not a directory"),
+        ({"lora_name": "big", "lora_path": str(files["rank32"])}, 400, "max_lora_rank=16"),
+    ):
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json=body)
+        assert r.status_code == status and words in r.json()["error"]["message"], r.text
+    r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "gone"})
+    assert r.status_code == 404, r.text
+
+    # An adapter in use is not unloaded: its running request finishes undisturbed.
+    stream = client.completions.create(
+        model="all4",
+        prompt=PROMPT,
+        max_tokens=150,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = [next(iter(stream))]
+    reader = threading.Thread(target=lambda: chunks.extend(stream))
+    reader.start()
+    r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "all4"})
+    metrics = httpx.get(f"{url}/metrics").text
+    reader.join(120)
+    assert r.status_code == 400 and "in use" in r.json()["error"]["message"], r.text
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    usage = chunks[-1].usage
+    assert finish == ["length"] and usage is not None and usage.completion_tokens == 150
+    info = [line for line in metrics.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert info and 'max_lora="2"' in info[0] and 'running_lora_adapters="all4"' in info[0], info
+    r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "all4"})
+    assert r.status_code == 200, r.text
+    with pytest.raises(openai.NotFoundError):
+        _complete(client, "all4")
+    assert {m.id for m in client.models.list().data} == {BASE, "qv8", "mlp16"}
