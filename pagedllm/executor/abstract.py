@@ -32,15 +32,22 @@ class Executor(ABC):
             if world != 1:
                 raise ValueError(
                     f"distributed_executor_backend='uni' runs one worker, but the parallel config needs "
-                    f"{world} (tensor_parallel_size x pipeline_parallel_size); multi-worker execution is not "
-                    "supported yet"
+                    f"{world} (tensor_parallel_size x pipeline_parallel_size): use 'mp' or 'ray'"
                 )
             from pagedllm.executor.uniproc import UniProcExecutor
 
             return UniProcExecutor
+        if backend == "mp":
+            from pagedllm.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        if backend == "ray":
+            from pagedllm.executor.ray import RayExecutor
+
+            return RayExecutor
         raise ValueError(
-            f"distributed_executor_backend={backend!r} is not supported yet; the only executor is 'uni' "
-            "(one worker in the engine core's process)"
+            f"distributed_executor_backend={backend!r} is not supported yet; the executors are 'uni' "
+            "(one worker in the engine core's process), 'mp' (a process per rank) and 'ray' (Ray actors)"
         )
 
     @classmethod

@@ -48,6 +48,7 @@ from pagedllm.sample.metadata import build_sampling_metadata, make_generator
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
+from pagedllm.worker.distributed_sampling import sample_on_output_rank
 from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.kv_cache import (
     KVCacheSpec,
@@ -459,8 +460,12 @@ class ModelRunner:
         num_reqs = len(inputs.req_ids)
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs: list[LogprobsLists | None] = [None] * num_reqs
-        if state.logits is not None:
-            sampled, sampled_lps = self._sample(state.logits, state.cu_num_logits, inputs, grammar_output)
+        # Under pipeline parallelism the other stages have no logits but still learn the tokens.
+        if state.logits is not None or (state.pooled is None and inputs.sample_idx.size):
+            sampled, sampled_lps = sample_on_output_rank(
+                lambda: self._sample(state.logits, state.cu_num_logits, inputs, grammar_output),
+                inputs.sample_idx.size,
+            )
             self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
             for j, i in enumerate(inputs.sample_idx.tolist()):
                 sampled_token_ids[i] = [sampled[j]]

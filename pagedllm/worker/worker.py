@@ -13,6 +13,7 @@ import torch
 from pagedllm import envs
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.distributed import parallel_state
 from pagedllm.platforms import current_platform
 from pagedllm.worker.kv_cache import KVCacheSpec
 from pagedllm.worker.model_runner import ModelRunner
@@ -24,10 +25,19 @@ logger = logging.getLogger("pagedllm.worker")
 
 
 class Worker:
-    def __init__(self, engine_config: Any, rank: int = 0, local_rank: int = 0) -> None:
+    def __init__(
+        self,
+        engine_config: Any,
+        rank: int = 0,
+        local_rank: int = 0,
+        distributed_init_method: str | None = None,
+    ) -> None:
+        """`distributed_init_method` (a `tcp://host:port` URL): where the ranks of a multi-worker
+        executor meet to form their process groups; None for the one-worker executor."""
         self.engine_config = engine_config
         self.rank = rank
         self.local_rank = local_rank
+        self.distributed_init_method = distributed_init_method
         self.model_runner: ModelRunner | None = None
         self._sleep: WorkerSleep | None = None
         self._weight_updater: WeightUpdater | None = None
@@ -46,8 +56,14 @@ class Worker:
             if not envs.is_set("OMP_NUM_THREADS"):
                 # torch defaults to the physical core count of the whole machine, which oversubscribes
                 # a container or a process pinned to fewer cores; an explicit OMP_NUM_THREADS wins.
-                torch.set_num_threads(current_platform.get_cpu_count())
+                # Ranks started on this machine by one executor share its cores.
+                ranks_here = 1 if self.distributed_init_method is None else self.engine_config.parallel_config.world_size
+                torch.set_num_threads(max(1, current_platform.get_cpu_count() // ranks_here))
             current_platform.tune_allocator()
+        if self.distributed_init_method is not None:
+            pc = self.engine_config.parallel_config
+            parallel_state.init_distributed_environment(pc.world_size, self.rank, self.distributed_init_method)
+            parallel_state.initialize_model_parallel(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         seed = self.engine_config.model_config.seed
         if seed is not None:
             # Unseeded random requests draw from the default generators: seeding them makes a run
@@ -132,5 +148,7 @@ class Worker:
     def shutdown(self) -> None:
         # Drop the model and caches so their memory is returned now, not at interpreter exit.
         self.model_runner = None
+        if self.distributed_init_method is not None:
+            parallel_state.destroy_model_parallel()
         if current_platform.is_cuda():
             torch.cuda.empty_cache()
