@@ -33,7 +33,7 @@ SUPPORTED = (
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
-    "priority scheduling; tensor parallelism (distributed_executor_backend 'mp' or 'ray'); torch.compile levels O0-O3 "
+    "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp' or 'ray'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
@@ -122,7 +122,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
         (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
         (cfg.offload_config.cpu_offload_gb > 0, "offload_config.cpu_offload_gb (weight offloading)"),
-        (pc.pipeline_parallel_size > 1, "parallel_config.pipeline_parallel_size > 1 (pipeline parallelism)"),
         (pc.data_parallel_size > 1, "parallel_config.data_parallel_size > 1 (data parallelism)"),
         (pc.decode_context_parallel_size > 1, "parallel_config.decode_context_parallel_size > 1"),
         (pc.prefill_context_parallel_size > 1, "parallel_config.prefill_context_parallel_size > 1"),

@@ -16,6 +16,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from pagedllm import envs
 from pagedllm.distributed.communicator import GroupCoordinator
 
 logger = logging.getLogger("pagedllm.distributed")
@@ -117,3 +118,26 @@ def output_rank(tensor_parallel_size: int, pipeline_parallel_size: int) -> int:
 
 def is_output_rank() -> bool:
     return _WORLD.rank == output_rank(_TP.world_size, _PP.world_size)
+
+
+def get_pp_indices(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
+    """`[start, end)` of the layers pipeline stage `pp_rank` holds (vLLM's rule): the sizes in
+    `PAGEDLLM_PP_LAYER_PARTITION` when set, else `num_layers // pp_size` each with the remainder
+    spread one layer each over the stages before the last (which also holds the LM head)."""
+    raw = envs.PAGEDLLM_PP_LAYER_PARTITION
+    if raw:
+        try:
+            sizes = [int(x) for x in raw.split(",")]
+        except ValueError:
+            raise ValueError(f"PAGEDLLM_PP_LAYER_PARTITION={raw!r} is not a comma-separated list of integers") from None
+        if len(sizes) != pp_size or sum(sizes) != num_layers or min(sizes) < 1:
+            raise ValueError(
+                f"PAGEDLLM_PP_LAYER_PARTITION={raw!r} must give {pp_size} positive layer counts summing to "
+                f"{num_layers}"
+            )
+    else:
+        sizes = [num_layers // pp_size] * pp_size
+        for i in range(2, num_layers % pp_size + 2):
+            sizes[-i] += 1
+    start = sum(sizes[:pp_rank])
+    return start, start + sizes[pp_rank]

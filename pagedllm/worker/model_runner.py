@@ -40,6 +40,7 @@ from pagedllm.attention.encoder import EncoderOnlyMetadataBuilder
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.models import get_model
@@ -57,6 +58,7 @@ from pagedllm.worker.kv_cache import (
     profile_cuda_kv_cache_budget,
     resolve_cache_dtype,
 )
+from pagedllm.worker.pipeline import PipelineStageForward
 from pagedllm.worker.pooling import PoolingRunner
 from pagedllm.worker.prompt_logprobs import PromptLogprobs
 from pagedllm.worker.staged_buffer import StagedBuffer
@@ -150,6 +152,9 @@ class ModelRunner:
         # (built around decodes) do not serve.
         eager = self.batch_invariant or self.pooling is not None
         self._forward = self.model if eager else self._build_forward(self.model)
+        if get_pp_group().world_size > 1:
+            # Stages run eagerly: the compiled shape classes and native decode cover whole models.
+            self._forward = PipelineStageForward(self.model, self.model_config.get_hidden_size(), self.dtype)
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -227,7 +232,7 @@ class ModelRunner:
         positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
         with set_forward_context(None):
             hidden = self._run_forward(ids, positions)
-        if self.pooling is not None:
+        if self.pooling is not None or not get_pp_group().is_last_rank:
             return
         rows = min(self.max_num_reqs, n)
         logits = model.compute_logits(hidden[-rows:])
@@ -441,7 +446,7 @@ class ModelRunner:
         logits = None
         cu_num_logits = self._logits_rows(inputs, drafts)
         num_rows = int(cu_num_logits[-1])
-        if num_rows:
+        if num_rows and get_pp_group().is_last_rank:  # only the last pipeline stage has an LM head
             with self._numerics():
                 rows = hidden.index_select(0, self._logits_indices.to_device(num_rows))
                 logits = model.compute_logits(rows)
@@ -472,7 +477,7 @@ class ModelRunner:
                 logprobs[i] = sampled_lps[j]
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
-        if self.prompt_logprobs:
+        if self.prompt_logprobs and get_pp_group().is_last_rank:
             with self._numerics():
                 prompt_logprobs = self.prompt_logprobs.compute(
                     model, state.hidden, self.input_batch, inputs.req_ids, inputs.rows, inputs.query_start_loc
