@@ -46,9 +46,10 @@ def free_tcp_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel kill this process when the engine process dies (Linux), so no worker is ever
-    orphaned; elsewhere the executor's shutdown is the only cleanup."""
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux), so no worker is ever
+    orphaned; elsewhere the executor's shutdown is the only cleanup. (Under `forkserver` the parent
+    is the fork server, which exits with the engine process.)"""
     try:
         import ctypes
 
@@ -56,7 +57,8 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():  # the engine died before the signal was armed
         os._exit(1)
 
 
@@ -66,10 +68,11 @@ def _call(worker: Any, method: str | Callable[..., Any], args: tuple[Any, ...], 
 
 
 def worker_main(
-    engine_config: Any, rank: int, init_method: str, handle: QueueHandle, conn: Connection, parent_pid: int
+    engine_config: Any, rank: int, init_method: str, handle: QueueHandle, conn: Connection
 ) -> None:
     """A worker process: build the worker, then run the calls the queue brings until shutdown."""
-    _die_with_parent(parent_pid)
+    _die_with_parent()
+    logger.info("worker %d started", rank)
     # Imported here: the spawned interpreter loads torch and the model code only in the workers.
     from pagedllm.worker.worker import Worker
 
@@ -95,6 +98,10 @@ def worker_main(
     finally:
         worker.shutdown()
         queue.close()
+    # Skip the interpreter's teardown: with torch's and gloo's threads it can take seconds, and the
+    # worker has nothing left to flush.
+    logging.shutdown()
+    os._exit(0)
 
 
 class MultiprocExecutor(Executor):
@@ -104,6 +111,9 @@ class MultiprocExecutor(Executor):
         self.output_rank = output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         method = envs.PAGEDLLM_WORKER_MULTIPROC_METHOD or "spawn"
         ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            # The server imports the worker code once; each later world forks from it in milliseconds.
+            ctx.set_forkserver_preload(["pagedllm.worker.worker", "transformers"])
         self.queue: MessageQueue | None = MessageQueue.create(self.world_size)
         init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.procs: list[BaseProcess] = []
@@ -112,7 +122,7 @@ class MultiprocExecutor(Executor):
             ours, theirs = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=worker_main,
-                args=(self.engine_config, rank, init_method, self.queue.handle, theirs, os.getpid()),
+                args=(self.engine_config, rank, init_method, self.queue.handle, theirs),
                 name=f"pagedllm-worker-{rank}",
                 daemon=True,
             )
