@@ -11,6 +11,7 @@ fresh interpreter: no forked torch or CUDA state), die with the engine process (
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ import socket
 import time
 import traceback
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -104,6 +105,20 @@ def worker_main(
     os._exit(0)
 
 
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a daemonic process (the server's engine core) start the workers: `multiprocessing`
+    refuses children to daemons only so that they cannot be orphaned, which `PR_SET_PDEATHSIG` and
+    the executor's shutdown already rule out here."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemon = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemon
+
+
 class MultiprocExecutor(Executor):
     def _init_executor(self) -> None:
         pc = self.engine_config.parallel_config
@@ -118,6 +133,18 @@ class MultiprocExecutor(Executor):
         init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
+        with _children_allowed():
+            self._start_workers(ctx, init_method)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.queue)
+        try:
+            self._collect(range(self.world_size), timeout=None)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("started %d worker processes (%s)", self.world_size, method)
+
+    def _start_workers(self, ctx: Any, init_method: str) -> None:
+        assert self.queue is not None
         for rank in range(self.world_size):
             ours, theirs = ctx.Pipe(duplex=False)
             proc = ctx.Process(
@@ -130,13 +157,6 @@ class MultiprocExecutor(Executor):
             theirs.close()
             self.procs.append(proc)
             self.conns.append(ours)
-        self._finalizer = weakref.finalize(self, _stop, self.procs, self.queue)
-        try:
-            self._collect(range(self.world_size), timeout=None)
-        except BaseException:
-            self.shutdown()
-            raise
-        logger.info("started %d worker processes (%s)", self.world_size, method)
 
     def _check_alive(self) -> None:
         dead = [(rank, p) for rank, p in enumerate(self.procs) if not p.is_alive()]

@@ -12,7 +12,6 @@ kills the actors and removes the placement group.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +59,8 @@ class RayExecutor(Executor):
         self.world_size: int = pc.world_size
         self.output_rank = output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         if not ray.is_initialized():
-            ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+            # RAY_ADDRESS, else the cluster `ray start` started on this machine, else a new local one.
+            ray.init(log_to_driver=False)
         on_gpu = str(self.engine_config.device_config.device).startswith("cuda")
         bundle = {"GPU": 1.0} if on_gpu else {"CPU": 1.0}
         self.pg: Any = placement_group([bundle] * self.world_size, strategy="PACK")
