@@ -33,7 +33,7 @@ SUPPORTED = (
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
-    "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp' or 'ray'); torch.compile levels O0-O3 "
+    "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp', 'ray' or 'external_launcher'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
@@ -132,10 +132,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (
             pc.tensor_parallel_size > 1 and cfg.quant_config is not None,
             "parallel_config.tensor_parallel_size > 1 with quantization (quantized layers are not sharded)",
-        ),
-        (
-            pc.distributed_executor_backend == "external_launcher",
-            "parallel_config.distributed_executor_backend='external_launcher' (only 'uni', 'mp' and 'ray')",
         ),
         _named(
             "parallel_config",

@@ -45,9 +45,14 @@ class Executor(ABC):
             from pagedllm.executor.ray import RayExecutor
 
             return RayExecutor
+        if backend == "external_launcher":
+            from pagedllm.executor.external_launcher import ExternalLauncherExecutor
+
+            return ExternalLauncherExecutor
         raise ValueError(
-            f"distributed_executor_backend={backend!r} is not supported yet; the executors are 'uni' "
-            "(one worker in the engine core's process), 'mp' (a process per rank) and 'ray' (Ray actors)"
+            f"distributed_executor_backend={backend!r} is not supported; the executors are 'uni' (one "
+            "worker in the engine core's process), 'mp' (a process per rank), 'ray' (Ray actors) and "
+            "'external_launcher' (torchrun starts the ranks)"
         )
 
     @classmethod

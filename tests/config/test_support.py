@@ -83,10 +83,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
 @pytest.mark.parametrize(
     ("fields", "flag"),
     [
-        (
-            {"parallel_config": ParallelConfig(distributed_executor_backend="external_launcher")},
-            "backend='external_launcher'",
-        ),
         ({"parallel_config": ParallelConfig(data_parallel_external_lb=True)}, "data_parallel_external_lb"),
         ({"parallel_config": ParallelConfig(dcp_comm_backend="a2a")}, "dcp_comm_backend"),
         ({"parallel_config": ParallelConfig(all2all_backend="naive")}, "all2all_backend"),

@@ -27,6 +27,7 @@ def test_get_class_uni(model_dir: Path) -> None:
 
 
 def test_get_class_multi_rank(model_dir: Path) -> None:
+    from pagedllm.executor.external_launcher import ExternalLauncherExecutor
     from pagedllm.executor.multiproc import MultiprocExecutor
     from pagedllm.executor.ray import RayExecutor
 
@@ -36,8 +37,9 @@ def test_get_class_multi_rank(model_dir: Path) -> None:
     cfg.parallel_config.distributed_executor_backend = "ray"
     assert Executor.get_class(cfg) is RayExecutor
     cfg.parallel_config.distributed_executor_backend = "external_launcher"
-    with pytest.raises(ValueError, match="distributed_executor_backend='external_launcher' is not supported"):
-        Executor.get_class(cfg)
+    assert Executor.get_class(cfg) is ExternalLauncherExecutor
+    with pytest.raises(ValueError, match="needs a launcher .torchrun. to start"):
+        ExternalLauncherExecutor(cfg)
 
 
 def test_async_support_agrees_with_config_table() -> None:
