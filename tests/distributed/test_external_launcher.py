@@ -31,6 +31,12 @@ def test_torchrun_tp2_matches_one_rank(tmp_path: Path) -> None:
          str(script), str(model_dir), str(out)],
         check=True, timeout=300, env=env,
     )
-    rank0, rank1 = (json.loads(Path(f"{out}.{r}.json").read_text()) for r in (0, 1))
+    rank0, rank1 = (
+        [
+            (tokens, [{int(t): v for t, v in step.items()} for step in logits])  # JSON keys are strings
+            for tokens, logits in json.loads(Path(f"{out}.{r}.json").read_text())
+        ]
+        for r in (0, 1)
+    )
     _assert_same(rank0, want)
     assert [tokens for tokens, _ in rank1] == [tokens for tokens, _ in want]

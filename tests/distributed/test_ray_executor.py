@@ -1,15 +1,19 @@
 """The `ray` executor on a local two-node Ray cluster (one CPU per node, so one rank per node):
-TP=2 gives the tokens and logits of one rank, and shutdown leaves no actor alive."""
+TP=2 gives the tokens and logits of one rank, a killed actor fails the engine within 5 s naming its
+rank, and shutdown leaves no actor alive."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_parallel import _assert_same, _generate, _llm, _one_rank  # noqa: E402
+
+from pagedllm import SamplingParams  # noqa: E402
 
 ray = pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -34,10 +38,20 @@ def test_tp2_across_two_nodes(tmp_path: Path) -> None:
         actor_ids = {a._actor_id.hex() for a in executor.actors}
         placed = {a.node_id for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.actor_id in actor_ids}
         assert len(placed) == 2  # one rank on each node
+        engine = llm.llm_engine
         try:
             _assert_same(_generate(llm), want)
+            # A dead actor mid-request: an error naming its rank within 5 s.
+            engine.add_request("r", {"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=30, ignore_eos=True))
+            engine.step()
+            ray.kill(executor.actors[1])
+            start = time.monotonic()
+            with pytest.raises(RuntimeError, match="Ray worker rank 1 died"):
+                while engine.has_unfinished_requests():
+                    engine.step()
+            assert time.monotonic() - start < 5
         finally:
-            llm.llm_engine.shutdown()
+            engine.shutdown()
         alive = [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if a.actor_id in actor_ids]
         assert alive == []
     finally:
