@@ -12,10 +12,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+
+
+def run_worker_method(
+    worker: Any, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> Any:
+    """`worker.method(*args, **kwargs)`, or `method(worker, *args, **kwargs)` for a function."""
+    call = getattr(worker, method) if isinstance(method, str) else partial(method, worker)
+    return call(*args, **(kwargs or {}))
 
 
 class Executor(ABC):

@@ -22,7 +22,7 @@ from pagedllm.worker.worker import Worker
 
 
 class ExternalLauncherExecutor(UniProcExecutor):
-    def _init_executor(self) -> None:
+    def _make_worker(self) -> Worker:
         world = self.engine_config.parallel_config.world_size
         launched = int(os.environ.get("WORLD_SIZE", "0"))
         if launched != world or "RANK" not in os.environ:
@@ -31,9 +31,7 @@ class ExternalLauncherExecutor(UniProcExecutor):
                 f"tensor_parallel_size x pipeline_parallel_size = {world} ranks; WORLD_SIZE={launched or 'unset'}"
             )
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-        self.driver_worker = Worker(self.engine_config, rank, local_rank, distributed_init_method="env://")
-        self.driver_worker.init_device()
-        self.driver_worker.load_model()
+        return Worker(self.engine_config, rank, local_rank, distributed_init_method="env://")
 
     def collective_rpc(
         self,

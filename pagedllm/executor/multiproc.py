@@ -28,7 +28,7 @@ from typing import Any
 from pagedllm import envs
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
-from pagedllm.executor.abstract import Executor
+from pagedllm.executor.abstract import Executor, run_worker_method
 
 logger = logging.getLogger("pagedllm.executor")
 
@@ -63,11 +63,6 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _call(worker: Any, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    fn = getattr(worker, method) if isinstance(method, str) else (lambda *a, **k: method(worker, *a, **k))
-    return fn(*args, **kwargs)
-
-
 def worker_main(
     engine_config: Any, rank: int, init_method: str, handle: QueueHandle, conn: Connection
 ) -> None:
@@ -92,7 +87,7 @@ def worker_main(
             if method == _SHUTDOWN:
                 break
             try:
-                result = _call(worker, method, args, kwargs)
+                result = run_worker_method(worker, method, args, kwargs)
                 conn.send(("ok", result if reply_rank in (None, rank) else None))
             except Exception:
                 conn.send(("error", traceback.format_exc()))

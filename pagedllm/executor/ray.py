@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedllm.distributed.parallel_state import output_rank
-from pagedllm.executor.abstract import Executor
+from pagedllm.executor.abstract import Executor, run_worker_method
 from pagedllm.executor.multiproc import WorkerDiedError, free_tcp_port
 
 logger = logging.getLogger("pagedllm.executor")
@@ -44,8 +44,7 @@ class RayWorker:
         self.worker.load_model()
 
     def execute(self, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], reply: bool) -> Any:
-        fn = getattr(self.worker, method) if isinstance(method, str) else (lambda *a, **k: method(self.worker, *a, **k))
-        result = fn(*args, **kwargs)
+        result = run_worker_method(self.worker, method, args, kwargs)
         return result if reply else None
 
 
