@@ -91,6 +91,11 @@ _VARS: list[EnvVar] = [
         "Start method of worker processes (fork or spawn); some models need spawn.",
     ),
     EnvVar(
+        "PAGEDLLM_PP_LAYER_PARTITION",
+        _str,
+        "Layers per pipeline stage, comma-separated (e.g. 5,5,6); unset: as even as possible.",
+    ),
+    EnvVar(
         "PAGEDLLM_USE_V2_MODEL_RUNNER",
         _flag,
         "Force the second-generation model runner on (1) or off (0); unset: the config decides.",

@@ -33,7 +33,7 @@ SUPPORTED = (
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
-    "priority scheduling; one worker (distributed_executor_backend='uni'); torch.compile levels O0-O3 "
+    "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp', 'ray' or 'external_launcher'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
@@ -133,7 +133,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
         (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
         (cfg.offload_config.cpu_offload_gb > 0, "offload_config.cpu_offload_gb (weight offloading)"),
-        (pc.pipeline_parallel_size > 1, "parallel_config.pipeline_parallel_size > 1 (pipeline parallelism)"),
         (pc.data_parallel_size > 1, "parallel_config.data_parallel_size > 1 (data parallelism)"),
         (pc.decode_context_parallel_size > 1, "parallel_config.decode_context_parallel_size > 1"),
         (pc.prefill_context_parallel_size > 1, "parallel_config.prefill_context_parallel_size > 1"),
@@ -141,14 +140,9 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (pc.enable_expert_parallel, "parallel_config.enable_expert_parallel (expert parallelism)"),
         (pc.enable_eplb, "parallel_config.enable_eplb (expert load balancing)"),
         (bool(pc.enable_batch_sharded_sampling), "parallel_config.enable_batch_sharded_sampling"),
-        # The linear layers are not sharded and the only executor runs one worker in-process.
         (
-            pc.tensor_parallel_size > 1,
-            "parallel_config.tensor_parallel_size > 1 (tensor parallelism: layers are not sharded)",
-        ),
-        (
-            pc.distributed_executor_backend != "uni",
-            f"parallel_config.distributed_executor_backend={pc.distributed_executor_backend!r} (only 'uni')",
+            pc.tensor_parallel_size > 1 and cfg.quant_config is not None,
+            "parallel_config.tensor_parallel_size > 1 with quantization (quantized layers are not sharded)",
         ),
         _named(
             "parallel_config",

@@ -72,8 +72,8 @@ class EngineCore(EngineCoreOps, LoRAOps):
         cfg = self.engine_config
         cache_config = cfg.cache_config
         rpc = self.model_executor.collective_rpc
-        # Every worker holds the same layers (no pipeline stages yet): rank 0's spec speaks for all.
-        spec: KVCacheSpec = rpc("get_kv_cache_spec")[0]
+        # Pipeline stages hold different layers: the block count fits the stage with the largest blocks.
+        spec: KVCacheSpec = max(rpc("get_kv_cache_spec"), key=lambda s: s.bytes_per_block)
         self.kv_cache_spec = spec
         override = cache_config.num_gpu_blocks_override
         max_model_len = cfg.model_config.max_model_len

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar
 
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+
+
+def run_worker_method(
+    worker: Any, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> Any:
+    """`worker.method(*args, **kwargs)`, or `method(worker, *args, **kwargs)` for a function."""
+    call = getattr(worker, method) if isinstance(method, str) else partial(method, worker)
+    return call(*args, **(kwargs or {}))
 
 
 class Executor(ABC):
@@ -32,15 +41,27 @@ class Executor(ABC):
             if world != 1:
                 raise ValueError(
                     f"distributed_executor_backend='uni' runs one worker, but the parallel config needs "
-                    f"{world} (tensor_parallel_size x pipeline_parallel_size); multi-worker execution is not "
-                    "supported yet"
+                    f"{world} (tensor_parallel_size x pipeline_parallel_size): use 'mp' or 'ray'"
                 )
             from pagedllm.executor.uniproc import UniProcExecutor
 
             return UniProcExecutor
+        if backend == "mp":
+            from pagedllm.executor.multiproc import MultiprocExecutor
+
+            return MultiprocExecutor
+        if backend == "ray":
+            from pagedllm.executor.ray import RayExecutor
+
+            return RayExecutor
+        if backend == "external_launcher":
+            from pagedllm.executor.external_launcher import ExternalLauncherExecutor
+
+            return ExternalLauncherExecutor
         raise ValueError(
-            f"distributed_executor_backend={backend!r} is not supported yet; the only executor is 'uni' "
-            "(one worker in the engine core's process)"
+            f"distributed_executor_backend={backend!r} is not supported; the executors are 'uni' (one "
+            "worker in the engine core's process), 'mp' (a process per rank), 'ray' (Ray actors) and "
+            "'external_launcher' (torchrun starts the ranks)"
         )
 
     @classmethod

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
-from pagedllm.executor.abstract import Executor
+from pagedllm.executor.abstract import Executor, run_worker_method
 from pagedllm.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
     def _init_executor(self) -> None:
-        self.driver_worker: Worker | None = Worker(self.engine_config, rank=0, local_rank=0)
+        self.driver_worker: Worker | None = self._make_worker()
         self.driver_worker.init_device()
         self.driver_worker.load_model()
+
+    def _make_worker(self) -> Worker:
+        return Worker(self.engine_config, rank=0, local_rank=0)
 
     def collective_rpc(
         self,
@@ -25,12 +27,7 @@ class UniProcExecutor(Executor):
     ) -> list[Any]:
         if self.driver_worker is None:
             raise RuntimeError("the executor was shut down")
-        call = (
-            getattr(self.driver_worker, method)
-            if isinstance(method, str)
-            else partial(method, self.driver_worker)
-        )
-        return [call(*args, **(kwargs or {}))]
+        return [run_worker_method(self.driver_worker, method, args, kwargs)]
 
     def shutdown(self) -> None:
         if self.driver_worker is not None:

@@ -10,7 +10,7 @@ Merged layers take the HF pieces one at a time: `QKVParallelLinear` its "q"/"k"/
 `MergedColumnParallelLinear` its numbered shards (gate=0, up=1), each into its rows of the fused
 weight, so one GEMM serves all of them at run time.
 
-The rank and world size come from `pagedllm.distributed.parallel_state` (one rank today).
+The rank and world size come from `pagedllm.distributed.parallel_state` (the tensor-parallel group).
 """
 
 from __future__ import annotations

@@ -87,6 +87,9 @@ class GemmaModel(nn.Module):
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
+    # Its body (`GemmaModel`) is not split into pipeline stages.
+    supports_pp = False
+
     def __init__(self, config: Any, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__(config, quant_config)
         cap = getattr(config, "final_logit_softcapping", None)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from pagedllm.attention import Attention
+from pagedllm.distributed import parallel_state
 from pagedllm.layers.activation import get_act_and_mul
 from pagedllm.layers.embedding import LogitsProcessor, ParallelLMHead, VocabParallelEmbedding
 from pagedllm.layers.linear import (
@@ -23,6 +24,7 @@ from pagedllm.layers.linear import (
     RowParallelLinear,
 )
 from pagedllm.layers.norm import RMSNorm
+from pagedllm.layers.pp_missing import PPMissingLayer
 from pagedllm.layers.rotary import RotaryEmbedding, get_rope, rope_parameters_from_config
 from pagedllm.models.interfaces import NativeDecoder
 from pagedllm.models.loader.weights import packed_modules
@@ -220,7 +222,18 @@ class LlamaModel(nn.Module):
         `norm_cls` the final norm, `embed_scale` a factor on the embeddings (Granite), `mlp_factory`
         each layer's feed-forward block (mixture-of-experts models; None: the block's dense MLP)."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # This pipeline stage's part: its layers, the embedding on the first, the norm on the last
+        # (the other layers are placeholders, so layer indices and weight names stay global).
+        pp = parallel_state.get_pp_group()
+        self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
+        self.start_layer, self.end_layer = parallel_state.get_pp_indices(
+            config.num_hidden_layers, pp.rank_in_group, pp.world_size
+        )
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            if self.is_first_stage
+            else PPMissingLayer()
+        )
         self.embed_scale = embed_scale
         rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
@@ -232,17 +245,41 @@ class LlamaModel(nn.Module):
                 mlp_factory(i, f"{prefix}.layers.{i}.mlp") if mlp_factory else None,
                 **attn_options,
             )
+            if self.start_layer <= i < self.end_layer
+            else PPMissingLayer()
             for i in range(config.num_hidden_layers)
         )
-        self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps) if self.is_last_stage else PPMissingLayer()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)
-        if self.embed_scale is not None:
-            hidden_states = hidden_states * self.embed_scale
-        residual = None
-        for layer in self.layers:
+    def missing_prefixes(self, prefix: str) -> tuple[str, ...]:
+        """The weight-name prefixes of the modules other pipeline stages hold."""
+        return tuple(
+            f"{prefix}.{name}."
+            for name, module in self.named_modules()
+            if isinstance(module, PPMissingLayer)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The final hidden states; a stage before the last returns `(hidden, residual)` for the
+        next stage, and a stage after the first starts from the previous one's (`intermediate`)."""
+        residual: torch.Tensor | None
+        if intermediate is None:
+            hidden_states = self.embed_tokens(input_ids)
+            if self.embed_scale is not None:
+                hidden_states = hidden_states * self.embed_scale
+            residual = None
+        else:
+            hidden_states, residual = intermediate
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
+        if not self.is_last_stage:
+            assert residual is not None
+            return hidden_states, residual
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -263,19 +300,37 @@ class LlamaForCausalLM(nn.Module):
     # Checkpoint tensors with no parameter here (old HF checkpoints store the rotary frequencies).
     skip_weight_substrs: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
+    # Whether the model body splits into pipeline stages (`LlamaModel` does; other bodies may not).
+    supports_pp: ClassVar[bool] = True
+
     def __init__(self, config: Any, quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = config
         self.model = self.build_model(config, quant_config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        pp = parallel_state.get_pp_group()
+        self.lm_head = (
+            ParallelLMHead(config.vocab_size, config.hidden_size) if pp.is_last_rank else PPMissingLayer()
+        )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()
         self.logits_processor = LogitsProcessor()
+        if pp.world_size > 1:
+            # Checkpoint names of other stages' modules are skipped by the loader; a last stage with
+            # tied embeddings loads the embedding table into its own LM head.
+            missing = self.model.missing_prefixes("model")  # type: ignore[operator]
+            missing += () if pp.is_last_rank else ("lm_head.",)
+            self.skip_weight_substrs = (*type(self).skip_weight_substrs, *missing)
+            if self.tie_word_embeddings and not pp.is_first_rank:
+                self.hf_name_substitutions = {
+                    **getattr(type(self), "hf_name_substitutions", {}),
+                    "model.embed_tokens.": "lm_head.",
+                }
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head (the loader then skips a checkpoint's `lm_head.weight`)."""
-        if self.tie_word_embeddings:
-            self.lm_head.tie_weights(self.model.embed_tokens)
+        if self.tie_word_embeddings and isinstance(self.lm_head, ParallelLMHead):
+            if isinstance(self.model.embed_tokens, VocabParallelEmbedding):
+                self.lm_head.tie_weights(self.model.embed_tokens)
 
     @classmethod
     def build_model(cls, config: Any, quant_config: QuantizationConfig | None) -> nn.Module:
@@ -307,8 +362,15 @@ class LlamaForCausalLM(nn.Module):
         """The feed-forward blocks of the layers (mixture-of-experts models); None: dense `LlamaMLP`s."""
         return None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if intermediate is None:  # bodies without pipeline stages take two arguments
+            return self.model(input_ids, positions)
+        return self.model(input_ids, positions, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)

@@ -41,6 +41,7 @@ from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
+from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.lora.manager import LoRAManager
@@ -51,6 +52,7 @@ from pagedllm.sample.metadata import build_sampling_metadata, make_generator
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
+from pagedllm.worker.distributed_sampling import sample_on_output_rank
 from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.kv_cache import (
     KVCacheSpec,
@@ -59,6 +61,7 @@ from pagedllm.worker.kv_cache import (
     profile_cuda_kv_cache_budget,
     resolve_cache_dtype,
 )
+from pagedllm.worker.pipeline import PipelineStageForward
 from pagedllm.worker.pooling import PoolingRunner
 from pagedllm.worker.prompt_logprobs import PromptLogprobs
 from pagedllm.worker.staged_buffer import StagedBuffer
@@ -163,6 +166,9 @@ class ModelRunner:
         # (built around decodes) do not serve.
         eager = self.batch_invariant or self.pooling is not None
         self._forward = self.model if eager else self._build_forward(self.model)
+        if get_pp_group().world_size > 1:
+            # Stages run eagerly: the compiled shape classes and native decode cover whole models.
+            self._forward = PipelineStageForward(self.model, self.model_config.get_hidden_size(), self.dtype)
         if self.lora is not None and isinstance(self._forward, CompiledForward):
             self._forward.graph_variant = self.lora.graph_variant
         logger.info(
@@ -247,7 +253,7 @@ class ModelRunner:
         positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
         with set_forward_context(None):
             hidden = self._run_forward(ids, positions)
-        if self.pooling is not None:
+        if self.pooling is not None or not get_pp_group().is_last_rank:
             return
         rows = min(self.max_num_reqs, n)
         logits = model.compute_logits(hidden[-rows:])
@@ -483,7 +489,7 @@ class ModelRunner:
         logits = None
         cu_num_logits = self._logits_rows(inputs, drafts)
         num_rows = int(cu_num_logits[-1])
-        if num_rows:
+        if num_rows and get_pp_group().is_last_rank:  # only the last pipeline stage has an LM head
             with self._numerics():
                 rows = hidden.index_select(0, self._logits_indices.to_device(num_rows))
                 logits = model.compute_logits(rows)
@@ -502,15 +508,19 @@ class ModelRunner:
         num_reqs = len(inputs.req_ids)
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs: list[LogprobsLists | None] = [None] * num_reqs
-        if state.logits is not None:
-            sampled, sampled_lps = self._sample(state.logits, state.cu_num_logits, inputs, grammar_output)
+        # Under pipeline parallelism the other stages have no logits but still learn the tokens.
+        if state.logits is not None or (state.pooled is None and inputs.sample_idx.size):
+            sampled, sampled_lps = sample_on_output_rank(
+                lambda: self._sample(state.logits, state.cu_num_logits, inputs, grammar_output),
+                inputs.sample_idx.size,
+            )
             self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
             for j, i in enumerate(inputs.sample_idx.tolist()):
                 sampled_token_ids[i] = [sampled[j]]
                 logprobs[i] = sampled_lps[j]
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
-        if self.prompt_logprobs:
+        if self.prompt_logprobs and get_pp_group().is_last_rank:
             with self._numerics():
                 prompt_logprobs = self.prompt_logprobs.compute(
                     model, state.hidden, self.input_batch, inputs.req_ids, inputs.rows, inputs.query_start_loc

@@ -13,6 +13,7 @@ import torch
 from pagedllm import envs
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.distributed import parallel_state
 from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.tracing import flush_traces, step_span
 from pagedllm.platforms import current_platform
@@ -26,10 +27,19 @@ logger = logging.getLogger("pagedllm.worker")
 
 
 class Worker:
-    def __init__(self, engine_config: Any, rank: int = 0, local_rank: int = 0) -> None:
+    def __init__(
+        self,
+        engine_config: Any,
+        rank: int = 0,
+        local_rank: int = 0,
+        distributed_init_method: str | None = None,
+    ) -> None:
+        """`distributed_init_method` (a `tcp://host:port` URL): where the ranks of a multi-worker
+        executor meet to form their process groups; None for the one-worker executor."""
         self.engine_config = engine_config
         self.rank = rank
         self.local_rank = local_rank
+        self.distributed_init_method = distributed_init_method
         self.model_runner: ModelRunner | None = None
         self._sleep: WorkerSleep | None = None
         self._weight_updater: WeightUpdater | None = None
@@ -52,8 +62,14 @@ class Worker:
             if not envs.is_set("OMP_NUM_THREADS"):
                 # torch defaults to the physical core count of the whole machine, which oversubscribes
                 # a container or a process pinned to fewer cores; an explicit OMP_NUM_THREADS wins.
-                torch.set_num_threads(current_platform.get_cpu_count())
+                # Ranks started on this machine by one executor share its cores.
+                ranks_here = 1 if self.distributed_init_method is None else self.engine_config.parallel_config.world_size
+                torch.set_num_threads(max(1, current_platform.get_cpu_count() // ranks_here))
             current_platform.tune_allocator()
+        if self.distributed_init_method is not None:
+            pc = self.engine_config.parallel_config
+            parallel_state.init_distributed_environment(pc.world_size, self.rank, self.distributed_init_method)
+            parallel_state.initialize_model_parallel(pc.tensor_parallel_size, pc.pipeline_parallel_size)
         seed = self.engine_config.model_config.seed
         if seed is not None:
             # Unseeded random requests draw from the default generators: seeding them makes a run
@@ -155,5 +171,7 @@ class Worker:
         self.model_runner = None
         # The step spans still queued (the process may end before the next batch export).
         flush_traces()
+        if self.distributed_init_method is not None:
+            parallel_state.destroy_model_parallel()
         if current_platform.is_cuda():
             torch.cuda.empty_cache()

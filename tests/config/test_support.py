@@ -72,7 +72,6 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
         ({"engram_config": EngramConfig()}, "engram"),
         ({"watermark_config": WatermarkConfig()}, "watermark_config"),
         ({"reasoning_config": ReasoningConfig()}, "reasoning_config"),
-        ({"parallel_config": ParallelConfig(pipeline_parallel_size=2)}, "pipeline_parallel_size"),
         ({"parallel_config": ParallelConfig(data_parallel_size=2)}, "data_parallel_size"),
         (
             {"parallel_config": ParallelConfig(enable_dbo=True, all2all_backend="deepep_low_latency")},
@@ -99,8 +98,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
 @pytest.mark.parametrize(
     ("fields", "flag"),
     [
-        ({"parallel_config": ParallelConfig(tensor_parallel_size=3)}, "tensor_parallel_size > 1"),
-        ({"parallel_config": ParallelConfig(distributed_executor_backend="ray")}, "backend='ray'"),
         ({"parallel_config": ParallelConfig(data_parallel_external_lb=True)}, "data_parallel_external_lb"),
         ({"parallel_config": ParallelConfig(dcp_comm_backend="a2a")}, "dcp_comm_backend"),
         ({"parallel_config": ParallelConfig(all2all_backend="naive")}, "all2all_backend"),

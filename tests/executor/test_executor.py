@@ -26,12 +26,20 @@ def test_get_class_uni(model_dir: Path) -> None:
     assert Executor.get_class(cfg) is UniProcExecutor
 
 
-@pytest.mark.parametrize("backend", ["mp", "ray", "external_launcher"])
-def test_other_backends_are_refused_by_name(model_dir: Path, backend: str) -> None:
+def test_get_class_multi_rank(model_dir: Path) -> None:
+    from pagedllm.executor.external_launcher import ExternalLauncherExecutor
+    from pagedllm.executor.multiproc import MultiprocExecutor
+    from pagedllm.executor.ray import RayExecutor
+
     cfg = make_config(model_dir)
-    cfg.parallel_config.distributed_executor_backend = backend
-    with pytest.raises(ValueError, match=f"distributed_executor_backend='{backend}' is not supported"):
-        Executor.get_class(cfg)
+    cfg.parallel_config.distributed_executor_backend = "mp"
+    assert Executor.get_class(cfg) is MultiprocExecutor
+    cfg.parallel_config.distributed_executor_backend = "ray"
+    assert Executor.get_class(cfg) is RayExecutor
+    cfg.parallel_config.distributed_executor_backend = "external_launcher"
+    assert Executor.get_class(cfg) is ExternalLauncherExecutor
+    with pytest.raises(ValueError, match="needs a launcher .torchrun. to start"):
+        ExternalLauncherExecutor(cfg)
 
 
 def test_async_support_agrees_with_config_table() -> None:

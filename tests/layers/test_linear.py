@@ -116,13 +116,6 @@ def test_column_and_row_ranks_add_up_to_the_whole_product(monkeypatch: pytest.Mo
     torch.testing.assert_close(total, F.linear(F.linear(x, w1, b1), w2, b2))
 
 
-def test_row_parallel_all_reduce_needs_a_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    _at_rank(monkeypatch, 0, 2)
-    layer = RowParallelLinear(8, 6)
-    with pytest.raises(NotImplementedError, match="process group"):
-        layer(torch.randn(1, 4))
-
-
 def test_shape_mismatches_are_value_errors() -> None:
     qkv = QKVParallelLinear(16, 4, 4, 2)
     with pytest.raises(ValueError, match="does not match"):

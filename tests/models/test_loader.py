@@ -290,7 +290,7 @@ def test_unsupported_architecture_lists_supported(tmp_path: Path) -> None:
 def test_unsupported_options(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="load_format='pt' is not supported"):
         load_model(_llama_config(), tmp_path, load_format="pt")
-    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2 is not supported"):
+    with pytest.raises(NotImplementedError, match="tensor_parallel_size=2, but this process.s tensor-parallel group has 1"):
         load_model(_llama_config(), tmp_path, load_format="dummy", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="rope_scaling type 'mrope' is not supported"):
         load_model(

@@ -169,8 +169,10 @@ def reload_weights(model: nn.Module, engine_config: Any) -> None:
 def get_model(engine_config: Any) -> nn.Module:
     """The configured model with its weights, on the configured device, in eval mode."""
     mc = engine_config.model_config
-    if engine_config.parallel_config.pipeline_parallel_size != 1:
-        raise ModelLoadError("pipeline_parallel_size > 1 is not supported by the model loader yet")
+    pp = engine_config.parallel_config.pipeline_parallel_size
+    model_cls = resolve_model_cls(list(getattr(mc.hf_config, "architectures", None) or []))
+    if pp != 1 and not getattr(model_cls, "supports_pp", False):
+        raise ModelLoadError(f"{model_cls.__name__} does not support pipeline_parallel_size > 1 (got {pp})")
     model_path = _model_path(engine_config)
     return load_model(
         mc.hf_config,

@@ -1,0 +1,247 @@
+"""The `mp` executor: one worker process per rank on this machine.
+
+Calls go to the workers through one shared-memory message queue (`distributed.shm_broadcast`): the
+call (a step's scheduler output included) is pickled and written once, and every worker reads it.
+Each worker answers on its own pipe; `collective_rpc` waits on those pipes and on the processes'
+sentinels together, so a worker that dies turns the call into an error naming its rank at once
+(within the ~50 ms polling of the queue), never a hang. The workers are started with `spawn` (a
+fresh interpreter: no forked torch or CUDA state), die with the engine process (Linux
+`PR_SET_PDEATHSIG`), and are joined, then killed if they do not exit, at shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from pagedllm import envs
+from pagedllm.distributed.parallel_state import output_rank
+from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
+from pagedllm.executor.abstract import Executor, run_worker_method
+
+logger = logging.getLogger("pagedllm.executor")
+
+_SHUTDOWN = "__shutdown__"
+# Seconds a worker may take to exit after the shutdown message before it is killed.
+_JOIN_TIMEOUT = 5.0
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process exited while the engine needed it."""
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux), so no worker is ever
+    orphaned; elsewhere the executor's shutdown is the only cleanup. (Under `forkserver` the parent
+    is the fork server, which exits with the engine process.)"""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():  # the engine died before the signal was armed
+        os._exit(1)
+
+
+def worker_main(
+    engine_config: Any, rank: int, init_method: str, handle: QueueHandle, conn: Connection
+) -> None:
+    """A worker process: build the worker, then run the calls the queue brings until shutdown."""
+    _die_with_parent()
+    logger.info("worker %d started", rank)
+    # Imported here: the spawned interpreter loads torch and the model code only in the workers.
+    from pagedllm.worker.worker import Worker
+
+    try:
+        worker = Worker(engine_config, rank=rank, local_rank=rank, distributed_init_method=init_method)
+        worker.init_device()
+        worker.load_model()
+        queue = MessageQueue.attach(handle, reader=rank)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ok", None))
+    try:
+        while True:
+            method, args, kwargs, reply_rank = queue.dequeue()
+            if method == _SHUTDOWN:
+                break
+            try:
+                result = run_worker_method(worker, method, args, kwargs)
+                conn.send(("ok", result if reply_rank in (None, rank) else None))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        worker.shutdown()
+        queue.close()
+    # Skip the interpreter's teardown: with torch's and gloo's threads it can take seconds, and the
+    # worker has nothing left to flush.
+    logging.shutdown()
+    os._exit(0)
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a daemonic process (the server's engine core) start the workers: `multiprocessing`
+    refuses children to daemons only so that they cannot be orphaned, which `PR_SET_PDEATHSIG` and
+    the executor's shutdown already rule out here."""
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemon = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemon
+
+
+class MultiprocExecutor(Executor):
+    def _init_executor(self) -> None:
+        pc = self.engine_config.parallel_config
+        self.world_size: int = pc.world_size
+        self.output_rank = output_rank(pc.tensor_parallel_size, pc.pipeline_parallel_size)
+        method = envs.PAGEDLLM_WORKER_MULTIPROC_METHOD or "spawn"
+        ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            # The server imports the worker code once; each later world forks from it in milliseconds.
+            ctx.set_forkserver_preload(["pagedllm.worker.worker", "transformers"])
+        self.queue: MessageQueue | None = MessageQueue.create(self.world_size)
+        init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
+        self.procs: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        with _children_allowed():
+            self._start_workers(ctx, init_method)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.queue)
+        try:
+            self._collect(range(self.world_size), timeout=None)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("started %d worker processes (%s)", self.world_size, method)
+
+    def _start_workers(self, ctx: Any, init_method: str) -> None:
+        assert self.queue is not None
+        for rank in range(self.world_size):
+            ours, theirs = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(self.engine_config, rank, init_method, self.queue.handle, theirs),
+                name=f"pagedllm-worker-{rank}",
+                daemon=True,
+            )
+            proc.start()
+            theirs.close()
+            self.procs.append(proc)
+            self.conns.append(ours)
+
+    def _check_alive(self) -> None:
+        dead = [(rank, p) for rank, p in enumerate(self.procs) if not p.is_alive()]
+        if dead:
+            raise WorkerDiedError(
+                "; ".join(f"worker rank {rank} (pid {p.pid}) died with exit code {p.exitcode}" for rank, p in dead)
+            )
+
+    def _collect(self, ranks: range | list[int], timeout: float | None) -> list[Any]:
+        """Each rank's answer to the last call, in rank order; an error if one failed or died."""
+        pending = {self.conns[r]: r for r in ranks}
+        results: dict[int, Any] = {}
+        errors: list[str] = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = wait([*pending, *sentinels], timeout=left)
+            if not ready:
+                raise TimeoutError(f"workers {sorted(pending.values())} did not answer within {timeout} s")
+            for conn in ready:
+                if conn in sentinels:
+                    continue
+                rank = pending.pop(conn)  # type: ignore[index]
+                try:
+                    status, value = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    continue  # the process is exiting: its sentinel says so below
+                if status == "ok":
+                    results[rank] = value
+                else:
+                    errors.append(f"worker rank {rank} failed:\n{value}")
+            if any(s in ready for s in sentinels):
+                self._check_alive()
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        return [results[r] for r in ranks]
+
+    def _broadcast(self, message: tuple[Any, ...]) -> None:
+        if self.queue is None:
+            raise RuntimeError("the executor was shut down")
+        self.queue.enqueue(message, alive=self._check_alive)
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        self._broadcast((method, args, kwargs or {}, None))
+        return self._collect(range(self.world_size), timeout)
+
+    def _output_rpc(self, method: str, arg: Any) -> Any:
+        """A step call whose result only the output rank sends back (the others answer None)."""
+        self._broadcast((method, (arg,), {}, self.output_rank))
+        return self._collect(range(self.world_size), None)[self.output_rank]
+
+    def execute_model(self, scheduler_output: Any) -> None:
+        self._output_rpc("execute_model", scheduler_output)
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        return self._output_rpc("sample_tokens", grammar_output)
+
+    def shutdown(self) -> None:
+        if self.queue is not None:
+            self._finalizer()
+            self.queue = None
+            for conn in self.conns:
+                conn.close()
+
+
+def _stop(procs: list[BaseProcess], queue: MessageQueue) -> None:
+    """Ask the workers to exit and wait for them (when all are alive: after a death the others may
+    be blocked in a collective with the dead one), then kill what is left; free the queue."""
+    if all(p.is_alive() for p in procs):
+        try:
+            queue.enqueue((_SHUTDOWN, (), {}, None), alive=lambda: _raise_if_any_dead(procs))
+            deadline = time.monotonic() + _JOIN_TIMEOUT
+            for proc in procs:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        except WorkerDiedError:
+            pass
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(1.0)
+    queue.close()
+
+
+def _raise_if_any_dead(procs: list[BaseProcess]) -> None:
+    if not all(p.is_alive() for p in procs):
+        raise WorkerDiedError("a worker died")
