@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pagedllm.config.compilation import CompilationMode
+from pagedllm.spec_decode import IMPLEMENTED_METHODS
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
@@ -38,7 +39,7 @@ SUPPORTED = (
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
     "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
-    "profiler"
+    "profiler; speculative decoding with the ngram and suffix methods"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -84,7 +85,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
     )
     checks: list[tuple[bool, str]] = [
         (cfg.lora_config is not None, "lora_config (LoRA adapters)"),
-        (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
+        *_speculative_checks(cfg.speculative_config),
         (cc.kv_offloading_size is not None, "cache_config.kv_offloading_size (KV offloading)"),
         (
             cc.kv_offloading_size is None
@@ -258,6 +259,21 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             (mc.use_mla, f"MLA attention model {mc.architecture}"),
         ]
     return checks
+
+
+def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
+    if spec is None:
+        return []
+    return [
+        (
+            spec.method not in IMPLEMENTED_METHODS,
+            f"speculative_config.method={spec.method!r} (speculative decoding methods other than "
+            f"{', '.join(IMPLEMENTED_METHODS)})",
+        ),
+        (spec.parallel_drafting, "speculative_config.parallel_drafting (parallel drafting)"),
+        (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),
+        (spec.use_heterogeneous_vocab, "speculative_config.use_heterogeneous_vocab"),
+    ]
 
 
 def _moe_architectures() -> frozenset[str]:

@@ -51,6 +51,12 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # Speculative decoding since the last stats: requests that verified drafts, drafted tokens, accepted
+    # tokens, and accepted tokens by draft position.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
