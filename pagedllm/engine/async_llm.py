@@ -82,7 +82,8 @@ class AsyncLLM:
         self.max_model_len: int = int(self.model_config.max_model_len)
         self._collectors: dict[str, RequestOutputCollector] = {}
         self._tracker = RequestStatsTracker()
-        self.prometheus = PrometheusStatLogger(model_name, self.max_model_len)
+        speculative = engine_config.speculative_config is not None
+        self.prometheus = PrometheusStatLogger(model_name, self.max_model_len, speculative)
         self.stat_logger = LoggingStatLogger() if log_stats else None
         self._background: set[asyncio.Task[Any]] = set()
         self._handler_error: EngineDeadError | None = None

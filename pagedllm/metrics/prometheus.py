@@ -71,8 +71,34 @@ def _token_buckets(max_model_len: int) -> list[float]:
         exponent += 1
 
 
+class SpecDecodingProm:
+    """vllm:spec_decode_* counters; the per-position one is labelled with the draft position."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"{PREFIX}{name}", doc, ["model_name"], registry=registry).labels(model_name)
+
+        self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._per_pos = Counter(
+            f"{PREFIX}spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            ["model_name", "position"],
+            registry=registry,
+        )
+        self._model_name = model_name
+
+    def record(self, stats: SchedulerStats) -> None:
+        self.num_drafts.inc(stats.spec_num_drafts)
+        self.num_draft_tokens.inc(stats.spec_num_draft_tokens)
+        self.num_accepted_tokens.inc(stats.spec_num_accepted_tokens)
+        for pos, n in enumerate(stats.spec_num_accepted_tokens_per_pos):
+            self._per_pos.labels(self._model_name, str(pos)).inc(n)
+
+
 class PrometheusStatLogger:
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int, speculative: bool = False) -> None:
         self.registry = CollectorRegistry()
         self._aliases = CollectorRegistry()
         self._aliases.register(_Aliases(self.registry))
@@ -151,6 +177,8 @@ class PrometheusStatLogger:
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Generated length of finished requests.", token_buckets
         )
+        # vLLM's speculative-decoding counters, registered only when a drafter is configured.
+        self.spec: SpecDecodingProm | None = SpecDecodingProm(reg, model_name) if speculative else None
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:
@@ -161,6 +189,8 @@ class PrometheusStatLogger:
             self.prefix_cache_queries.inc(scheduler_stats.prefix_cache_queries)
             self.prefix_cache_hits.inc(scheduler_stats.prefix_cache_hits)
             self.num_preemptions.inc(scheduler_stats.num_preemptions)
+            if self.spec is not None:
+                self.spec.record(scheduler_stats)
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
