@@ -10,7 +10,8 @@ servers or test apps in one process never collide in prometheus_client's global 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -74,10 +75,7 @@ def _token_buckets(max_model_len: int) -> list[float]:
 class SpecDecodingProm:
     """vllm:spec_decode_* counters; the per-position one is labelled with the draft position."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(f"{PREFIX}{name}", doc, ["model_name"], registry=registry).labels(model_name)
-
+    def __init__(self, counter: Callable[[str, str], Any], registry: CollectorRegistry, model_name: str) -> None:
         self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
@@ -178,7 +176,7 @@ class PrometheusStatLogger:
             "request_generation_tokens", "Generated length of finished requests.", token_buckets
         )
         # vLLM's speculative-decoding counters, registered only when a drafter is configured.
-        self.spec: SpecDecodingProm | None = SpecDecodingProm(reg, model_name) if speculative else None
+        self.spec: SpecDecodingProm | None = SpecDecodingProm(counter, reg, model_name) if speculative else None
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:

@@ -11,8 +11,7 @@ the step, `propose` drafts the next tokens of the requests that sampled.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,26 +63,18 @@ def logits_rows(
     return cu
 
 
-class _DraftRowTokens(Sequence[np.ndarray]):
+class _DraftRowTokens(RowTokens):
     """Output tokens seen by each logits row: the request's output, then the drafts before the row."""
 
     def __init__(self, batch: InputBatch, rows: np.ndarray, starts: np.ndarray, offsets: np.ndarray,
                  draft_ids: np.ndarray) -> None:
-        self._batch, self._rows, self._starts, self._offsets, self._drafts = batch, rows, starts, offsets, draft_ids
+        super().__init__(batch, rows.tolist(), output=True)
+        self._starts, self._offsets, self._drafts = starts, offsets, draft_ids
 
-    def __len__(self) -> int:
-        return self._rows.size
-
-    @overload
-    def __getitem__(self, i: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
-    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+    def _tokens(self, i: int) -> np.ndarray:
         start = int(self._starts[i])
         drafted = self._drafts[start : start + int(self._offsets[i])]
-        return np.concatenate([self._batch.output_token_ids(int(self._rows[i])), drafted])
+        return np.concatenate([super()._tokens(i), drafted])
 
 
 def _merge_logprobs(per_row: list[LogprobsLists | None], start: int, n: int) -> LogprobsLists | None:
