@@ -96,15 +96,23 @@ class SpecDecodeRunner:
         self.max_model_len = max_model_len
         # The requests that sampled in the last step: the ones to draft for.
         self.sampled_req_ids: list[str] = []
+        # Per request: moving average of the fraction of its drafts accepted. A request drafts
+        # k x that (at least 1), so where drafts keep failing (open-ended text) it verifies 1 token
+        # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
+        self.acceptance: dict[str, float] = {}
 
     def forget(self, batch: InputBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
         row = batch.req_id_to_row.get(req_id)
         self.proposer.forget(req_id, None if row is None else batch.output_token_ids(row).copy())
+        self.acceptance.pop(req_id, None)
 
     def propose(self, batch: InputBatch) -> dict[str, list[int]]:
         k = self.draft_length(len(self.sampled_req_ids))
         drafts: dict[str, list[int]] = {}
+        if k == 0:
+            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes).
+            return drafts
         for req_id in self.sampled_req_ids:
             row = batch.req_id_to_row.get(req_id)
             if row is None:
@@ -115,7 +123,8 @@ class SpecDecodeRunner:
             if params is not None and params.max_tokens is not None:
                 # Accepted drafts plus the target's own token must fit in max_tokens.
                 room = min(room, params.max_tokens - (n - int(batch.num_prompt_tokens[row])) - 1)
-            tokens = self.proposer.propose(req_id, batch.token_ids[row, :n], min(k, room))
+            k_req = max(1, round(k * self.acceptance.get(req_id, 1.0)))
+            tokens = self.proposer.propose(req_id, batch.token_ids[row, :n], min(k_req, room))
             if tokens:
                 drafts[req_id] = tokens
         return drafts
@@ -175,6 +184,11 @@ class SpecDecodeRunner:
             _merge_logprobs(per_row, int(cu_num_logits[i]), len(tokens))
             for i, tokens in enumerate(verified.token_ids)
         ]
+        for req_id, tokens in zip(req_ids, verified.token_ids):
+            d = drafts.get(req_id)
+            if d:
+                rate = (len(tokens) - 1) / len(d)
+                self.acceptance[req_id] = 0.5 * self.acceptance.get(req_id, 1.0) + 0.5 * rate
         for row, tokens in zip(rows.tolist(), verified.token_ids):
             n = int(batch.num_tokens[row])
             batch.token_ids[row, n : n + len(tokens)] = tokens
