@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from pagedllm.benchmarks.datasets import random_requests
+from pagedllm.benchmarks.datasets import grounded_requests, open_chat_requests, random_requests, render_chat
 from pagedllm.benchmarks.hf_baseline import add_baseline_args
 from pagedllm.benchmarks.model_stats import ModelStats
 from pagedllm.benchmarks.roofline import copy_bandwidth
 from pagedllm.config.args import EngineArgs
+from pagedllm.core.spec_stats import SpecDecodingStats
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -24,16 +27,41 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument("--output-len", type=int, default=128)
     group.add_argument("--num-iters-warmup", type=int, default=1)
     group.add_argument("--num-iters", type=int, default=3)
+    group.add_argument(
+        "--dataset",
+        choices=("random", "grounded", "chat"),
+        default="random",
+        help="'random' token ids of --input-len; 'grounded': summarize/rewrite/edit prompts over a given "
+        "text of ~500 tokens (where speculative decoding by prompt lookup applies); 'chat': open-ended "
+        "chat prompts. The built-in prompts run --num-prompts in all, --batch-size at a time, each "
+        "until its end of sequence or --output-len.",
+    )
+    group.add_argument("--num-prompts", type=int, default=4, help="Prompts of --dataset grounded/chat.")
+    group.add_argument(
+        "--spec-baseline",
+        action="store_true",
+        help="With --speculative-config: first run the same prompts without speculation, and report the "
+        "decode speed-up.",
+    )
     add_baseline_args(group, "prefill and greedy decode")
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
     EngineArgs.add_cli_args(parser)
     return parser
 
 
-def run_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> tuple[float, list[float]]:
-    """Runs one batch to completion; returns (prefill seconds, per-decode-step seconds)."""
+@dataclass
+class BatchResult:
+    prefill_s: float
+    # Seconds of each decode step (a step may emit several tokens per request with speculation).
+    decode_steps: list[float]
+    num_decode_tokens: int
+    spec: SpecDecodingStats
+
+
+def run_batch(engine, prompts: list[list[int]], output_len: int, tag: str, ignore_eos: bool = True) -> BatchResult:
+    """Runs one batch to completion."""
     params = SamplingParams(
-        temperature=0.0, max_tokens=output_len, ignore_eos=True, output_kind=RequestOutputKind.DELTA
+        temperature=0.0, max_tokens=output_len, ignore_eos=ignore_eos, output_kind=RequestOutputKind.DELTA
     )
     start = time.perf_counter()
     for i, ids in enumerate(prompts):
@@ -41,21 +69,31 @@ def run_batch(engine, prompts: list[list[int]], output_len: int, tag: str) -> tu
     started: set[str] = set()
     prefill = 0.0
     decode_steps: list[float] = []
+    num_decode_tokens = 0
+    spec = SpecDecodingStats()
     last = start
     while engine.has_unfinished_requests():
         outputs = engine.step()
         now = time.perf_counter()
+        stats = engine.scheduler_stats
+        if stats is not None and stats.spec_num_drafts:
+            spec.num_drafts += stats.spec_num_drafts
+            spec.num_draft_tokens += stats.spec_num_draft_tokens
+            spec.num_accepted_tokens += stats.spec_num_accepted_tokens
         if len(started) < len(prompts):
             started.update(o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids)
             if len(started) == len(prompts):
                 prefill = now - start
         elif outputs:
             decode_steps.append(now - last)
+            num_decode_tokens += sum(len(o.outputs[0].token_ids) for o in outputs if o.outputs)
         last = now
-    return prefill, decode_steps
+    return BatchResult(prefill, decode_steps, num_decode_tokens, spec)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dataset != "random":
+        return run_dataset(args)
     from pagedllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
@@ -75,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
     for i in range(args.num_iters):
         # Each iteration must recompute its prompts, not hit the previous iteration's cached blocks.
         engine.reset_prefix_cache()
-        prefill, decode = run_batch(engine, prompts, args.output_len, f"iter{i}")
-        prefills.append(prefill)
-        steps.extend(decode)
+        res = run_batch(engine, prompts, args.output_len, f"iter{i}")
+        prefills.append(res.prefill_s)
+        steps.extend(res.decode_steps)
     step_ms = np.asarray(steps) * 1000.0
     stats = ModelStats.from_model_config(model_config)
     bandwidth = max(bandwidth, copy_bandwidth())
@@ -141,3 +179,65 @@ def _hf_baselines(
             }
         )
     return rows
+
+
+def _decode_speed(engine, prompts: list[list[int]], args: argparse.Namespace, tag: str) -> dict[str, float]:
+    """Decode tokens/s (every decode token over the decode time) of the prompts, --batch-size at a time
+    (each to its end of sequence), and the acceptance figures of speculation."""
+    for i in range(args.num_iters_warmup):
+        run_batch(engine, prompts[: args.batch_size], args.output_len, f"{tag}-warmup{i}", ignore_eos=False)
+    decode_s = 0.0
+    tokens = 0
+    spec = SpecDecodingStats()
+    for start in range(0, len(prompts), args.batch_size):
+        engine.reset_prefix_cache()
+        res = run_batch(engine, prompts[start : start + args.batch_size], args.output_len, f"{tag}-{start}", False)
+        decode_s += sum(res.decode_steps)
+        tokens += res.num_decode_tokens
+        spec.num_drafts += res.spec.num_drafts
+        spec.num_draft_tokens += res.spec.num_draft_tokens
+        spec.num_accepted_tokens += res.spec.num_accepted_tokens
+    out = {"decode_tokens": tokens, "decode_s": decode_s, "decode_tokens_per_s": tokens / max(decode_s, 1e-9)}
+    if spec.num_drafts:
+        out["mean_acceptance_length"] = 1 + spec.num_accepted_tokens / spec.num_drafts
+        out["draft_acceptance_rate"] = spec.num_accepted_tokens / max(spec.num_draft_tokens, 1)
+    return out
+
+
+def run_dataset(args: argparse.Namespace) -> int:
+    """`--dataset grounded|chat`: decode speed on built-in prompts, optionally against no speculation."""
+    from pagedllm.engine.llm_engine import LLMEngine
+
+    make = grounded_requests if args.dataset == "grounded" else open_chat_requests
+    engine_args = EngineArgs.from_cli_args(args)
+    runs: list[tuple[str, EngineArgs]] = []
+    if args.spec_baseline:
+        if engine_args.speculative_config is None:
+            raise ValueError("--spec-baseline needs --speculative-config")
+        runs.append(("plain", dataclasses.replace(engine_args, speculative_config=None)))
+    runs.append(("speculative" if engine_args.speculative_config is not None else "plain", engine_args))
+    report: dict[str, object] = {"dataset": args.dataset, "num_prompts": args.num_prompts}
+    prompts: list[list[int]] = []
+    for name, ea in runs:
+        engine = LLMEngine.from_engine_args(ea)
+        if not prompts:
+            requests = render_chat(make(args.num_prompts, args.output_len), engine.get_tokenizer())
+            prompts = [r.prompt_token_ids for r in requests]  # type: ignore[misc]
+            report["mean_prompt_len"] = float(np.mean([len(p) for p in prompts]))
+        report[name] = res = _decode_speed(engine, prompts, args, name)
+        engine.shutdown()
+        line = f"{name}: {res['decode_tokens']} decode tokens in {res['decode_s']:.2f} s -> {res['decode_tokens_per_s']:.1f} tok/s"
+        if "mean_acceptance_length" in res:
+            line += (
+                f", mean acceptance length {res['mean_acceptance_length']:.2f}"
+                f" (draft acceptance rate {res['draft_acceptance_rate']:.1%})"
+            )
+        print(line)
+    if args.spec_baseline:
+        ratio = report["speculative"]["decode_tokens_per_s"] / report["plain"]["decode_tokens_per_s"]  # type: ignore[index]
+        report["speedup"] = ratio
+        print(f"speculative / plain decode speed: {ratio:.2f}x")
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0

@@ -156,3 +156,30 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, float]
             for p in (50, 90, 99):
                 summary[f"p{p}_{name}_ms"] = float(np.percentile(arr, p))
     return summary
+
+
+_SPEC_COUNTERS = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_accepted_tokens_total")
+
+
+def spec_decode_counters(base_url: str) -> tuple[float, float] | None:
+    """(drafts, accepted tokens) summed over the server's /metrics; None when it reports no speculative
+    decoding (no drafter configured, or a server without these metrics)."""
+    try:
+        text = httpx.get(base_url.rstrip("/") + "/metrics", timeout=30.0).text
+    except httpx.HTTPError:
+        return None
+    totals = dict.fromkeys(_SPEC_COUNTERS, 0.0)
+    found = False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+            found = True
+    return (totals[_SPEC_COUNTERS[0]], totals[_SPEC_COUNTERS[1]]) if found else None
+
+
+def mean_acceptance_length(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Tokens emitted per verification between two readings of `spec_decode_counters` (vLLM's figure)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 1 + (after[1] - before[1]) / (after[0] - before[0])

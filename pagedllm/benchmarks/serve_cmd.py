@@ -6,8 +6,20 @@ import argparse
 import asyncio
 import json
 
-from pagedllm.benchmarks.datasets import SampleRequest, chat_requests, parse_range, random_requests
-from pagedllm.benchmarks.serve import run_serve_benchmark, summarize
+from pagedllm.benchmarks.datasets import (
+    SampleRequest,
+    chat_requests,
+    grounded_requests,
+    open_chat_requests,
+    parse_range,
+    random_requests,
+)
+from pagedllm.benchmarks.serve import (
+    mean_acceptance_length,
+    run_serve_benchmark,
+    spec_decode_counters,
+    summarize,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -20,7 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument(
         "--dataset",
         default="random",
-        help="'random' (token-id prompts, completions endpoint) or a JSONL of chat prompts.",
+        help="'random' (token-id prompts, completions endpoint), 'grounded' / 'chat' (the built-in "
+        "summarize-rewrite-edit and open-ended chat prompts) or a JSONL of chat prompts.",
     )
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", default="128", help="Random prompt length: N or LOW..HIGH.")
@@ -51,10 +64,15 @@ def _requests(args: argparse.Namespace) -> list[SampleRequest]:
         return random_requests(
             args.num_prompts, parse_range(args.input_len), args.output_len, args.vocab_size
         )
+    if args.dataset == "grounded":
+        return grounded_requests(args.num_prompts, args.output_len)
+    if args.dataset == "chat":
+        return open_chat_requests(args.num_prompts, args.output_len)
     return chat_requests(args.dataset, args.num_prompts, args.output_len)
 
 
 def _bench(args: argparse.Namespace, base_url: str) -> tuple[dict[str, float], list[str]]:
+    spec_before = spec_decode_counters(base_url)
     results, duration = asyncio.run(
         run_serve_benchmark(
             base_url,
@@ -69,6 +87,10 @@ def _bench(args: argparse.Namespace, base_url: str) -> tuple[dict[str, float], l
     )
     summary = summarize(results, duration)
     print(f"--- {base_url}")
+    acceptance = mean_acceptance_length(spec_before, spec_decode_counters(base_url))
+    if acceptance is not None:
+        # From the server's vllm:spec_decode_* counters (shared with any other client meanwhile).
+        summary["mean_acceptance_length"] = acceptance
     for key, value in summary.items():
         print(f"{key:>24}: {value:.2f}" if isinstance(value, float) else f"{key:>24}: {value}")
     return summary, [r.error for r in results if not r.ok]

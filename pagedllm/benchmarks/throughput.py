@@ -10,7 +10,13 @@ import time
 from dataclasses import asdict, dataclass
 
 from pagedllm.benchmarks import structured_output
-from pagedllm.benchmarks.datasets import SampleRequest, chat_requests, parse_range, random_requests
+from pagedllm.benchmarks.datasets import (
+    SampleRequest,
+    chat_requests,
+    parse_range,
+    random_requests,
+    render_chat,
+)
 from pagedllm.benchmarks.hf_baseline import BaselineResult, add_baseline_args, hf_models, run_hf_generate
 from pagedllm.benchmarks.lora import add_lora_args, lora_requests
 from pagedllm.benchmarks.model_stats import ModelStats
@@ -75,14 +81,8 @@ def build_workload(args: argparse.Namespace, llm) -> list[SampleRequest]:
         )
     if args.dataset == "json":
         return structured_output.json_requests(args.num_prompts, args.output_len, tokenizer)
-    requests = chat_requests(args.dataset, args.num_prompts, args.output_len)
     # Render the chat template once here so both engines see the same token ids.
-    from pagedllm.chat_template import apply_chat_template
-
-    for req in requests:
-        text = apply_chat_template(tokenizer, req.messages, add_generation_prompt=True)
-        req.prompt_token_ids = list(tokenizer.encode(text, add_special_tokens=False))
-    return requests
+    return render_chat(chat_requests(args.dataset, args.num_prompts, args.output_len), tokenizer)
 
 
 def run_pagedllm(llm, requests: list[SampleRequest], loras: list | None = None) -> ThroughputResult:

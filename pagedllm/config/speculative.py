@@ -66,10 +66,34 @@ class SpeculativeConfig:
     """n-gram: longest n-gram matched in the prompt."""
     prompt_lookup_min: Annotated[int, Field(ge=1)] | None = None
     """n-gram: shortest n-gram matched in the prompt."""
+    suffix_decoding_max_tree_depth: Annotated[int, Field(ge=1)] = 24
+    """suffix: longest token sequence kept in the suffix tries (prefix match + drafted tokens)."""
+    suffix_decoding_max_cached_requests: Annotated[int, Field(ge=0)] = 10000
+    """suffix: finished requests whose outputs the global trie keeps (0 disables it)."""
+    suffix_decoding_max_spec_factor: Annotated[float, Field(ge=0)] = 1.0
+    """suffix: at most this many drafts per token of the matched prefix."""
+    suffix_decoding_min_token_prob: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """suffix: stop drafting where the estimated probability of the drafted run falls below this."""
 
     def __post_init__(self) -> None:
+        if self.method == "suffix" and self.num_speculative_tokens is None:
+            # As vLLM: the tree depth bounds what suffix decoding can draft anyway.
+            self.num_speculative_tokens = self.suffix_decoding_max_tree_depth
         if self.num_speculative_tokens is None:
             raise ValueError("speculative_config.num_speculative_tokens must be set")
+        if self.method in ("ngram", "ngram_gpu"):
+            # vLLM's defaults: 5 when neither is set, else the one that is set for both.
+            if self.prompt_lookup_min is None and self.prompt_lookup_max is None:
+                self.prompt_lookup_min = self.prompt_lookup_max = 5
+            elif self.prompt_lookup_min is None:
+                self.prompt_lookup_min = self.prompt_lookup_max
+            elif self.prompt_lookup_max is None:
+                self.prompt_lookup_max = self.prompt_lookup_min
+            if self.prompt_lookup_min > self.prompt_lookup_max:  # type: ignore[operator]
+                raise ValueError(
+                    f"speculative_config.prompt_lookup_min={self.prompt_lookup_min} must be <= "
+                    f"prompt_lookup_max={self.prompt_lookup_max}"
+                )
         if self.num_speculative_tokens_per_batch_size is not None:
             # Validated now so a bad schedule fails at construction, not at graph sizing.
             self.dense_draft_lengths(max(self.num_speculative_tokens_per_batch_size))

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pagedllm.config.compilation import CompilationMode
+from pagedllm.spec_decode import IMPLEMENTED_METHODS
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
@@ -44,7 +45,8 @@ SUPPORTED = (
     "KV connectors SharedStorageConnector (disaggregated prefill through a shared directory), "
     "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
-    "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras)"
+    "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
+    "speculative decoding with the ngram and suffix methods"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -89,6 +91,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
     )
     checks: list[tuple[bool, str]] = [
+        *_speculative_checks(cfg.speculative_config),
         (
             cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
             "lora_config.fully_sharded_loras (needs tensor parallelism)",
@@ -97,7 +100,8 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             cfg.lora_config is not None and mc is not None and mc.pooler_config is not None,
             "lora_config with a pooling model (LoRA serves generative models)",
         ),
-        (cfg.speculative_config is not None, "speculative_config (speculative decoding)"),
+        # Features whose worker side is written for one rank (each would need per-rank sharding).
+        *_single_rank_only(cfg),
         _unregistered_connectors(cfg),
         (
             kv is not None and kv.kv_connector is not None and kv.kv_role is None,
@@ -260,6 +264,36 @@ def _unregistered_connectors(cfg: EngineConfig) -> tuple[bool, str]:
     known = registered_connectors()
     missing = [name for name in kv.connector_names() if name not in known]
     return bool(missing), f"kv_transfer_config.kv_connector {', '.join(missing)} (supported: {', '.join(known)})"
+
+
+def _single_rank_only(cfg: EngineConfig) -> list[tuple[bool, str]]:
+    pc = cfg.parallel_config
+    if pc.tensor_parallel_size * pc.pipeline_parallel_size == 1:
+        return []
+    kv = cfg.kv_transfer_config
+    return [
+        (cfg.lora_config is not None, "lora_config with tensor or pipeline parallelism"),
+        (cfg.speculative_config is not None, "speculative_config with tensor or pipeline parallelism"),
+        (
+            kv is not None and kv.kv_connector is not None,
+            "kv_transfer_config.kv_connector / kv_offloading_size with tensor or pipeline parallelism",
+        ),
+    ]
+
+
+def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
+    if spec is None:
+        return []
+    return [
+        (
+            spec.method not in IMPLEMENTED_METHODS,
+            f"speculative_config.method={spec.method!r} (speculative decoding methods other than "
+            f"{', '.join(IMPLEMENTED_METHODS)})",
+        ),
+        (spec.parallel_drafting, "speculative_config.parallel_drafting (parallel drafting)"),
+        (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),
+        (spec.use_heterogeneous_vocab, "speculative_config.use_heterogeneous_vocab"),
+    ]
 
 
 def _moe_architectures() -> frozenset[str]:

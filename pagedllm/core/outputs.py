@@ -59,6 +59,12 @@ class SchedulerStats(msgspec.Struct, omit_defaults=True):
     # LoRA adapter name -> its running / waiting requests (LoRA enabled only).
     running_lora_adapters: dict[str, int] = {}
     waiting_lora_adapters: dict[str, int] = {}
+    # Speculative decoding since the last stats: requests that verified drafts, drafted tokens, accepted
+    # tokens, and accepted tokens by draft position.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: list[int] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

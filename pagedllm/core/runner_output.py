@@ -16,6 +16,11 @@ class LogprobsLists:
     sampled_token_ranks: list[int]
 
 
+def trim_logprobs(lists: LogprobsLists, n: int) -> LogprobsLists:
+    """The first ``n`` tokens' entries."""
+    return LogprobsLists(lists.token_ids[:n], lists.logprobs[:n], lists.sampled_token_ranks[:n])
+
+
 @dataclass
 class ModelRunnerOutput:
     req_ids: list[str]

@@ -21,8 +21,9 @@ from pagedllm.core.kv_events import KVCacheEvent
 from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from pagedllm.core.request import GrammarState, Request, RequestStatus
 from pagedllm.core.request_queue import RequestQueue
-from pagedllm.core.runner_output import ModelRunnerOutput
+from pagedllm.core.runner_output import ModelRunnerOutput, trim_logprobs
 from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
+from pagedllm.core.spec_stats import SpecDecodingStats
 
 if TYPE_CHECKING:
     # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
@@ -120,6 +121,7 @@ class Scheduler:
         self.kv_connector_stats: dict[str, float] = {}
         if kv_connector is not None:
             kv_connector.bind_scheduler(self.requests, self.kv_cache_manager)
+        self.spec_stats = SpecDecodingStats()
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -427,10 +429,15 @@ class Scheduler:
         return GrammarOutput(req_ids, self.structured_output_manager.grammar_bitmask(grammars))
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
-        """Record the drafter's proposals: each running request verifies its drafts next step."""
+        """Record the drafter's proposals: each running request verifies its drafts next step. A
+        constrained request drafts nothing (its grammar state could not follow unverified tokens)."""
         for req_id, token_ids in draft_token_ids.items():
             request = self.requests.get(req_id)
-            if request is not None and request.status == RequestStatus.RUNNING:
+            if (
+                request is not None
+                and request.status == RequestStatus.RUNNING
+                and req_id not in self.constrained_req_ids
+            ):
                 request.spec_token_ids = list(token_ids)
 
     # ---------------------------------------------------------------------------------- outputs
@@ -478,6 +485,7 @@ class Scheduler:
                 # The runner returns the accepted drafts plus one token: the KV of the rejected
                 # drafts is recomputed (overwritten) from here on.
                 request.num_computed_tokens -= len(spec_decode_tokens[req_id]) + 1 - len(generated)
+                self.spec_stats.observe(len(spec_decode_tokens[req_id]), len(generated) - 1)
             new_token_ids: list[int] = []
             stopped = False
             grammar = request.structured_output_request
@@ -504,6 +512,9 @@ class Scheduler:
                 continue  # mid-prefill chunk: nothing to report
             # A request with new tokens was in the runner's output, so `i` is set.
             new_logprobs = logprobs[i] if new_token_ids and i is not None and i < len(logprobs) else None
+            if new_logprobs is not None and len(new_logprobs.sampled_token_ranks) > len(new_token_ids):
+                # Stopped inside a run of accepted drafts: the tokens after the stop are dropped.
+                new_logprobs = trim_logprobs(new_logprobs, len(new_token_ids))
             outputs.append(
                 EngineCoreOutput(
                     request_id=req_id,
@@ -535,6 +546,7 @@ class Scheduler:
         external = (self.external_queries, self.external_hits)
         self.external_queries = self.external_hits = 0
         connector_stats, self.kv_connector_stats = self.kv_connector_stats, {}
+        spec, self.spec_stats = self.spec_stats, SpecDecodingStats()
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
@@ -547,6 +559,10 @@ class Scheduler:
             kv_connector_stats=connector_stats,
             running_lora_adapters=_adapter_counts(self.running) if self.max_loras else {},
             waiting_lora_adapters=_adapter_counts(self.waiting) if self.max_loras else {},
+            spec_num_drafts=spec.num_drafts,
+            spec_num_draft_tokens=spec.num_draft_tokens,
+            spec_num_accepted_tokens=spec.num_accepted_tokens,
+            spec_num_accepted_tokens_per_pos=spec.num_accepted_tokens_per_pos,
         )
 
 

@@ -90,7 +90,8 @@ class AsyncLLM:
         self._tracker = RequestStatsTracker()
         lora_config = engine_config.lora_config
         self.prometheus = PrometheusStatLogger(
-            model_name, self.max_model_len, lora_config.max_loras if lora_config is not None else None
+            model_name, self.max_model_len, lora_config.max_loras if lora_config is not None else None,
+            speculative=engine_config.speculative_config is not None,
         )
         # LoRA adapters the core has read and checked (each is checked before its first request).
         self._loras: set[int] = set()

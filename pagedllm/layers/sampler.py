@@ -47,20 +47,35 @@ class Sampler(nn.Module):
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """``logits`` [num_reqs, vocab] float32; modified in place."""
-        num_logprobs = metadata.max_num_logprobs
-        raw = None
-        if num_logprobs is not None and self.logprobs_mode == "raw_logprobs":
-            raw = compute_logprobs(logits)
-        elif num_logprobs is not None and self.logprobs_mode == "raw_logits":
-            raw = logits.clone()
+        raw = self.raw_logprobs(logits, metadata)
         logits = self.process_logits(logits, metadata)
         sampled, processed = self.sample(logits, metadata)
-        logprobs = None
-        if num_logprobs is not None:
-            if raw is None:
-                raw = compute_logprobs(processed) if self.logprobs_mode == "processed_logprobs" else processed
-            logprobs = gather_logprobs(raw, num_logprobs, sampled)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return SamplerOutput(sampled, self.gather_logprobs(raw, processed, metadata, sampled))
+
+    def raw_logprobs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor | None:
+        """What the raw logprobs modes report, taken before any processing; None otherwise."""
+        if metadata.max_num_logprobs is None:
+            return None
+        if self.logprobs_mode == "raw_logprobs":
+            return compute_logprobs(logits)
+        if self.logprobs_mode == "raw_logits":
+            return logits.clone()
+        return None
+
+    def gather_logprobs(
+        self,
+        raw: torch.Tensor | None,
+        processed: torch.Tensor,
+        metadata: SamplingMetadata,
+        token_ids: torch.Tensor,
+    ) -> LogprobsTensors | None:
+        """The logprobs of ``token_ids`` (one per row) and each row's top alternatives, from ``raw``
+        (see raw_logprobs) or, in the processed modes, from the logits the tokens were drawn from."""
+        if metadata.max_num_logprobs is None:
+            return None
+        if raw is None:
+            raw = compute_logprobs(processed) if self.logprobs_mode == "processed_logprobs" else processed
+        return gather_logprobs(raw, metadata.max_num_logprobs, token_ids)
 
     @staticmethod
     def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
@@ -87,17 +102,22 @@ class Sampler(nn.Module):
         return logits
 
     @staticmethod
+    def truncate(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Temperature, then min-p / top-k / top-p: the logits random rows draw from (in place)."""
+        assert metadata.temperature is not None
+        logits = apply_temperature(logits, metadata.temperature)
+        if metadata.min_p is not None:
+            logits = apply_min_p(logits, metadata.min_p)
+        return apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, metadata.max_top_k)
+
+    @staticmethod
     def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampled ids and the logits they were drawn from (greedy rows: temperature 1, untruncated)."""
         greedy = None if metadata.all_random else logits.argmax(dim=-1)
         if metadata.all_greedy:
             assert greedy is not None
             return greedy, logits
-        assert metadata.temperature is not None
-        logits = apply_temperature(logits, metadata.temperature)
-        if metadata.min_p is not None:
-            logits = apply_min_p(logits, metadata.min_p)
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p, metadata.max_top_k)
+        logits = Sampler.truncate(logits, metadata)
         sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
         if greedy is None:
             return sampled, logits

@@ -21,6 +21,8 @@ class LoggingStatLogger:
         self._num_generation_tokens = 0
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._spec_drafts = 0
+        self._spec_accepted = 0
         self._last_stats = SchedulerStats()
         # Whether the previous line showed activity: one idle line follows the last busy one, so the log
         # ends on the real state (0 running) instead of stale throughput.
@@ -31,6 +33,8 @@ class LoggingStatLogger:
             self._last_stats = scheduler_stats
             self._prefix_queries += scheduler_stats.prefix_cache_queries
             self._prefix_hits += scheduler_stats.prefix_cache_hits
+            self._spec_drafts += scheduler_stats.spec_num_drafts
+            self._spec_accepted += scheduler_stats.spec_num_accepted_tokens
         if iteration_stats is not None:
             self._num_prompt_tokens += iteration_stats.num_prompt_tokens
             self._num_generation_tokens += iteration_stats.num_generation_tokens
@@ -56,6 +60,9 @@ class LoggingStatLogger:
             f"Running: {stats.num_running_reqs} reqs, Waiting: {stats.num_waiting_reqs} reqs, "
             f"KV cache usage: {stats.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: {hit_rate * 100:.1f}%"
         )
+        if self._spec_drafts:
+            # vLLM's definition: tokens emitted per verification (the target's own token included).
+            line += f", Mean acceptance length: {1 + self._spec_accepted / self._spec_drafts:.2f}"
         self._log.info("%s", line)
         self._last_was_busy = busy
         self._last_log_time = now
@@ -63,4 +70,5 @@ class LoggingStatLogger:
         self._num_generation_tokens = 0
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._spec_drafts = self._spec_accepted = 0
         return line

@@ -10,7 +10,8 @@ servers or test apps in one process never collide in prometheus_client's global 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
@@ -71,8 +72,33 @@ def _token_buckets(max_model_len: int) -> list[float]:
         exponent += 1
 
 
+class SpecDecodingProm:
+    """vllm:spec_decode_* counters; the per-position one is labelled with the draft position."""
+
+    def __init__(self, counter: Callable[[str, str], Any], registry: CollectorRegistry, model_name: str) -> None:
+        self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self._per_pos = Counter(
+            f"{PREFIX}spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            ["model_name", "position"],
+            registry=registry,
+        )
+        self._model_name = model_name
+
+    def record(self, stats: SchedulerStats) -> None:
+        self.num_drafts.inc(stats.spec_num_drafts)
+        self.num_draft_tokens.inc(stats.spec_num_draft_tokens)
+        self.num_accepted_tokens.inc(stats.spec_num_accepted_tokens)
+        for pos, n in enumerate(stats.spec_num_accepted_tokens_per_pos):
+            self._per_pos.labels(self._model_name, str(pos)).inc(n)
+
+
 class PrometheusStatLogger:
-    def __init__(self, model_name: str, max_model_len: int, max_loras: int | None = None) -> None:
+    def __init__(
+        self, model_name: str, max_model_len: int, max_loras: int | None = None, speculative: bool = False
+    ) -> None:
         self.registry = CollectorRegistry()
         self._aliases = CollectorRegistry()
         self._aliases.register(_Aliases(self.registry))
@@ -183,6 +209,8 @@ class PrometheusStatLogger:
         self.request_generation_tokens = histogram(
             "request_generation_tokens", "Generated length of finished requests.", token_buckets
         )
+        # vLLM's speculative-decoding counters, registered only when a drafter is configured.
+        self.spec: SpecDecodingProm | None = SpecDecodingProm(counter, reg, model_name) if speculative else None
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:
@@ -209,6 +237,8 @@ class PrometheusStatLogger:
                     ",".join(sorted(scheduler_stats.waiting_lora_adapters)),
                     ",".join(sorted(scheduler_stats.running_lora_adapters)),
                 ).set_to_current_time()
+            if self.spec is not None:
+                self.spec.record(scheduler_stats)
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)

@@ -131,6 +131,9 @@ class RowTokens(Sequence[np.ndarray]):
     def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
+        return self._tokens(i)
+
+    def _tokens(self, i: int) -> np.ndarray:
         row = self._rows[i]
         if self._output:
             return self._batch.output_token_ids(row)

@@ -64,6 +64,7 @@ from pagedllm.worker.kv_cache import (
 from pagedllm.worker.pipeline import PipelineStageForward
 from pagedllm.worker.pooling import PoolingRunner
 from pagedllm.worker.prompt_logprobs import PromptLogprobs
+from pagedllm.worker.spec_decode import SpecDecodeRunner, logits_rows, write_draft_tokens
 from pagedllm.worker.staged_buffer import StagedBuffer
 
 logger = logging.getLogger("pagedllm.worker")
@@ -94,6 +95,8 @@ class _ExecuteState:
     cu_num_logits: np.ndarray
     # A pooling model's outputs of the step (req_id -> pooled vector).
     pooled: dict[str, list[float]] | None = None
+    # The drafts the step verifies (req_id -> draft tokens).
+    drafts: dict[str, list[int]] | None = None
 
 
 class ModelRunner:
@@ -119,6 +122,8 @@ class ModelRunner:
         # continues its random stream, and prompt logprobs are not sent twice.
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs(self.device)
+        spec = engine_config.speculative_config
+        self.spec = None if spec is None else SpecDecodeRunner(spec, self.max_num_reqs, self.max_model_len)
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
@@ -323,6 +328,8 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
+            if self.spec is not None:
+                self.spec.forget(batch, req_id)
             self._remove_row(batch.remove_request(req_id))
             self.generators.pop(req_id, None)
             self.prompt_logprobs.forget(req_id)
@@ -429,36 +436,6 @@ class ModelRunner:
             sample_idx=sample_idx,
         )
 
-    def _write_draft_tokens(self, drafts: dict[str, list[int]]) -> None:
-        """Place each request's drafts after its last token, where the input gather reads them (they
-        are not part of the sequence: num_tokens is unchanged)."""
-        batch = self.input_batch
-        for req_id, token_ids in drafts.items():
-            row = batch.req_id_to_row[req_id]
-            start = int(batch.num_tokens[row])
-            batch.token_ids[row, start : start + len(token_ids)] = token_ids
-
-    def _logits_rows(self, inputs: _StepInputs, drafts: dict[str, list[int]]) -> np.ndarray:
-        """Fill the logits indices (token positions in the flattened batch) of the sampling requests:
-        each one's last scheduled token, preceded by its draft positions when it verifies drafts.
-        Returns cu_num_logits."""
-        idx = inputs.sample_idx
-        ends = inputs.query_start_loc[idx + 1]
-        if not drafts:
-            n = idx.size
-            self._logits_indices.np[:n] = ends - 1
-            return self._arange[: n + 1].copy()
-        num_logits = 1 + np.fromiter(
-            (len(drafts.get(inputs.req_ids[i], ())) for i in idx.tolist()), dtype=np.int64, count=idx.size
-        )
-        cu = np.zeros(idx.size + 1, dtype=np.int64)
-        np.cumsum(num_logits, out=cu[1:])
-        total = int(cu[-1])
-        # Row j of request i is the token at ends[i] - num_logits[i] + j.
-        offsets = np.repeat(ends - num_logits - cu[:-1], num_logits)
-        np.add(offsets, self._arange[:total], out=self._logits_indices.np[:total])
-        return cu
-
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> None:
         """Run the step's forward and the logits of its sampling requests; `sample_tokens` finishes it."""
@@ -473,7 +450,7 @@ class ModelRunner:
         model = self._require_model()
         drafts = so.scheduled_spec_decode_tokens
         if drafts:
-            self._write_draft_tokens(drafts)
+            write_draft_tokens(self.input_batch, drafts)
         inputs = self._prepare_inputs(so)
         if connector is not None:
             connector.wait_for_load()
@@ -487,19 +464,20 @@ class ModelRunner:
             self.execute_state = _ExecuteState(inputs, hidden, None, self._arange[:1].copy(), pooled)
             return
         logits = None
-        cu_num_logits = self._logits_rows(inputs, drafts)
+        cu_num_logits = logits_rows(
+            self._logits_indices.np, self._arange, inputs.sample_idx, inputs.query_start_loc, inputs.req_ids, drafts
+        )
         num_rows = int(cu_num_logits[-1])
         if num_rows and get_pp_group().is_last_rank:  # only the last pipeline stage has an LM head
             with self._numerics():
                 rows = hidden.index_select(0, self._logits_indices.to_device(num_rows))
                 logits = model.compute_logits(rows)
-        self.execute_state = _ExecuteState(inputs, hidden, logits, cu_num_logits)
+        self.execute_state = _ExecuteState(inputs, hidden, logits, cu_num_logits, drafts=drafts)
 
     @torch.inference_mode()
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
-        """Sample the step `execute_model` ran. A request verifying drafts samples from the logits of
-        its last real token and accepts none of them (verification comes with a drafter), so it
-        produces exactly what it would have without drafts. ``grammar_output`` (None when no request
+        """Sample the step `execute_model` ran; requests verifying drafts emit their accepted drafts
+        and one token of the target's (`worker/spec_decode.py`). ``grammar_output`` (None when no request
         is constrained) masks the tokens each constrained request's grammar forbids."""
         state, self.execute_state = self.execute_state, None
         if state is None:
@@ -508,16 +486,23 @@ class ModelRunner:
         num_reqs = len(inputs.req_ids)
         sampled_token_ids: list[list[int]] = [[] for _ in range(num_reqs)]
         logprobs: list[LogprobsLists | None] = [None] * num_reqs
+        if state.logits is not None and state.drafts:
+            tokens, token_lps = self._verify(state, grammar_output)
+            for j, i in enumerate(inputs.sample_idx.tolist()):
+                sampled_token_ids[i] = tokens[j]
+                logprobs[i] = token_lps[j]
         # Under pipeline parallelism the other stages have no logits but still learn the tokens.
-        if state.logits is not None or (state.pooled is None and inputs.sample_idx.size):
+        elif state.logits is not None or (state.pooled is None and inputs.sample_idx.size):
             sampled, sampled_lps = sample_on_output_rank(
-                lambda: self._sample(state.logits, state.cu_num_logits, inputs, grammar_output),
+                lambda: self._sample(state.logits, inputs, grammar_output),
                 inputs.sample_idx.size,
             )
             self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
             for j, i in enumerate(inputs.sample_idx.tolist()):
                 sampled_token_ids[i] = [sampled[j]]
                 logprobs[i] = sampled_lps[j]
+        if self.spec is not None:
+            self.spec.sampled_req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
         if self.prompt_logprobs and get_pp_group().is_last_rank:
@@ -547,22 +532,36 @@ class ModelRunner:
 
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         """The drafter's proposals for the next step (req_id -> draft tokens); None without a
-        speculative method (there is no drafter yet)."""
-        return None
+        speculative method."""
+        return None if self.spec is None else self.spec.propose(self.input_batch)
+
+    def _verify(
+        self, state: _ExecuteState, grammar_output: GrammarOutput | None
+    ) -> tuple[list[list[int]], list[LogprobsLists | None]]:
+        assert self.spec is not None and state.logits is not None and state.drafts is not None
+        inputs = state.inputs
+        req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
+        return self.spec.sample(
+            self.sampler,
+            state.logits,
+            state.cu_num_logits,
+            req_ids,
+            inputs.rows[inputs.sample_idx],
+            state.drafts,
+            self.input_batch,
+            self.generators,
+            grammar_output,
+            self.vocab_size,
+        )
 
     def _sample(
         self,
         logits: torch.Tensor,
-        cu_num_logits: np.ndarray,
         inputs: _StepInputs,
         grammar_output: GrammarOutput | None,
     ) -> tuple[list[int], list[LogprobsLists | None]]:
         batch = self.input_batch
         n = inputs.sample_idx.size
-        if logits.shape[0] != n:
-            # Requests with drafts: sample from each request's first row (its last real token).
-            first_rows = torch.from_numpy(cu_num_logits[:-1]).to(logits.device)
-            logits = logits.index_select(0, first_rows)
         if grammar_output is not None:
             apply_grammar_bitmask(
                 logits, grammar_output, [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]

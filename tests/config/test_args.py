@@ -200,14 +200,9 @@ def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
             "structured_outputs_config.backend",
         ),
         (
-            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
-            lambda c: c.speculative_config.method == "ngram" and c.num_speculative_tokens == 3,
-            "speculative_config",
-        ),
-        (
             ["--speculative-config.method", "eagle", "--speculative-config.num_speculative_tokens=2"],
             lambda c: c.speculative_config.method == "eagle" and c.num_lookahead_tokens == 2,
-            "speculative_config",
+            "speculative_config.method='eagle'",
         ),
         (
             ["--show-hidden-metrics-for-version", "0.1"],
@@ -328,9 +323,17 @@ def test_speculative_config_reaches_the_engine_config(tiny_model: str) -> None:
         ["--model", tiny_model, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
     )
     assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
-    # Speculative decoding is not implemented: construction refuses it by name instead of ignoring it.
-    with pytest.raises(ValueError, match="speculative_config"):
-        args.create_engine_config()
+    spec = args.create_engine_config().speculative_config
+    # vLLM's defaults: prompt lookup of exactly 5 tokens when neither bound is given.
+    assert (spec.method, spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max) == (
+        "ngram",
+        3,
+        5,
+        5,
+    )
+    # A method without a drafter here is refused by name instead of ignored.
+    with pytest.raises(ValueError, match="speculative_config.method='draft_model'"):
+        build(tiny_model, "--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 3}')
 
 
 def test_unsupported_parallelism_is_named(tiny_model: str) -> None:

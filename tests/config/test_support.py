@@ -364,3 +364,21 @@ def test_after_validators_run() -> None:
             EngineConfig(model_config=ModelConfig(), cache_config=CacheConfig(use_replayssm=True))
         cfg = EngineConfig(model_config=ModelConfig(), cache_config=CacheConfig(use_kda_recoverssm=True))
     assert cfg.cache_config.use_kda_recoverssm is False
+
+
+@pytest.mark.parametrize(
+    "fields, flag",
+    [
+        ({"lora_config": LoRAConfig()}, "lora_config with tensor or pipeline parallelism"),
+        (
+            {"speculative_config": SpeculativeConfig(method="ngram", num_speculative_tokens=2)},
+            "speculative_config with tensor or pipeline parallelism",
+        ),
+        ({"cache_config": CacheConfig(kv_offloading_size=1)}, "kv_offloading_size with tensor or pipeline"),
+    ],
+)
+def test_single_rank_features_rejected_with_parallelism(fields: dict, flag: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        EngineConfig(model_config=ModelConfig(), parallel_config=ParallelConfig(pipeline_parallel_size=2), **fields)
+    with allow_unsupported():
+        EngineConfig(model_config=ModelConfig(), **fields)  # one rank: the same feature builds

@@ -1,0 +1,196 @@
+"""The model runner's side of speculative decoding: drafts in, verified tokens out, next drafts.
+
+Each step the scheduler sends the drafts it scheduled (`scheduled_spec_decode_tokens`); they are
+written after each request's last token (`write_draft_tokens`), the one forward scores every drafted
+position (the attention backend runs a request's 1 + k tokens as decode rows), `logits_rows` picks
+the 1 + k logits rows of each verifying request, and `SpecDecodeRunner.sample` builds the sampling
+inputs of every row as if the drafts before it had been accepted (penalties, bad words and min_tokens
+see them in the output), verifies with the rejection sampler and records the emitted tokens. After
+the step, `propose` drafts the next tokens of the requests that sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from pagedllm.core.runner_output import LogprobsLists
+from pagedllm.core.sched_output import GrammarOutput
+from pagedllm.layers.sampler import Sampler
+from pagedllm.sample.metadata import build_sampling_metadata
+from pagedllm.sample.rejection_sampler import verify
+from pagedllm.spec_decode import DraftLength, make_proposer
+from pagedllm.structured_output.bitmask import apply_grammar_bitmask
+from pagedllm.worker.input_batch import InputBatch, RowTokens
+
+
+def write_draft_tokens(batch: InputBatch, drafts: dict[str, list[int]]) -> None:
+    """Place each request's drafts after its last token, where the input gather reads them (they
+    are not part of the sequence: num_tokens is unchanged)."""
+    for req_id, token_ids in drafts.items():
+        row = batch.req_id_to_row[req_id]
+        start = int(batch.num_tokens[row])
+        batch.token_ids[row, start : start + len(token_ids)] = token_ids
+
+
+def logits_rows(
+    out: np.ndarray,
+    arange: np.ndarray,
+    sample_idx: np.ndarray,
+    query_start_loc: np.ndarray,
+    req_ids: list[str],
+    drafts: dict[str, list[int]],
+) -> np.ndarray:
+    """Fill ``out`` with the logits indices (token positions in the flattened batch) of the sampling
+    requests ``sample_idx``: each one's last scheduled token, preceded by its draft positions when it
+    verifies drafts. Returns cu_num_logits."""
+    ends = query_start_loc[sample_idx + 1]
+    if not drafts:
+        n = sample_idx.size
+        out[:n] = ends - 1
+        return arange[: n + 1].copy()
+    num_logits = 1 + np.fromiter(
+        (len(drafts.get(req_ids[i], ())) for i in sample_idx.tolist()), dtype=np.int64, count=sample_idx.size
+    )
+    cu = np.zeros(sample_idx.size + 1, dtype=np.int64)
+    np.cumsum(num_logits, out=cu[1:])
+    total = int(cu[-1])
+    # Row j of request i is the token at ends[i] - num_logits[i] + j.
+    offsets = np.repeat(ends - num_logits - cu[:-1], num_logits)
+    np.add(offsets, arange[:total], out=out[:total])
+    return cu
+
+
+class _DraftRowTokens(RowTokens):
+    """Output tokens seen by each logits row: the request's output, then the drafts before the row."""
+
+    def __init__(self, batch: InputBatch, rows: np.ndarray, starts: np.ndarray, offsets: np.ndarray,
+                 draft_ids: np.ndarray) -> None:
+        super().__init__(batch, rows.tolist(), output=True)
+        self._starts, self._offsets, self._drafts = starts, offsets, draft_ids
+
+    def _tokens(self, i: int) -> np.ndarray:
+        start = int(self._starts[i])
+        drafted = self._drafts[start : start + int(self._offsets[i])]
+        return np.concatenate([super()._tokens(i), drafted])
+
+
+def _merge_logprobs(per_row: list[LogprobsLists | None], start: int, n: int) -> LogprobsLists | None:
+    rows = per_row[start : start + n]
+    if rows[0] is None:
+        return None
+    return LogprobsLists(
+        token_ids=[r.token_ids[0] for r in rows],  # type: ignore[union-attr]
+        logprobs=[r.logprobs[0] for r in rows],  # type: ignore[union-attr]
+        sampled_token_ranks=[r.sampled_token_ranks[0] for r in rows],  # type: ignore[union-attr]
+    )
+
+
+class SpecDecodeRunner:
+    def __init__(self, spec_config: Any, max_num_reqs: int, max_model_len: int) -> None:
+        self.proposer = make_proposer(spec_config)
+        self.draft_length = DraftLength(spec_config, max_num_reqs)
+        self.method: str = spec_config.rejection_sample_method
+        self.max_model_len = max_model_len
+        # The requests that sampled in the last step: the ones to draft for.
+        self.sampled_req_ids: list[str] = []
+        # Per request: moving average of the fraction of its drafts accepted. A request drafts
+        # k x that (at least 1), so where drafts keep failing (open-ended text) it verifies 1 token
+        # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
+        self.acceptance: dict[str, float] = {}
+
+    def forget(self, batch: InputBatch, req_id: str) -> None:
+        """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
+        row = batch.req_id_to_row.get(req_id)
+        self.proposer.forget(req_id, None if row is None else batch.output_token_ids(row).copy())
+        self.acceptance.pop(req_id, None)
+
+    def propose(self, batch: InputBatch) -> dict[str, list[int]]:
+        k = self.draft_length(len(self.sampled_req_ids))
+        drafts: dict[str, list[int]] = {}
+        if k == 0:
+            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes).
+            return drafts
+        for req_id in self.sampled_req_ids:
+            row = batch.req_id_to_row.get(req_id)
+            if row is None:
+                continue
+            n = int(batch.num_tokens[row])
+            params = batch.sampling_params[row]
+            room = self.max_model_len - n
+            if params is not None and params.max_tokens is not None:
+                # Accepted drafts plus the target's own token must fit in max_tokens.
+                room = min(room, params.max_tokens - (n - int(batch.num_prompt_tokens[row])) - 1)
+            k_req = max(1, round(k * self.acceptance.get(req_id, 1.0)))
+            tokens = self.proposer.propose(req_id, batch.token_ids[row, :n], min(k_req, room))
+            if tokens:
+                drafts[req_id] = tokens
+        return drafts
+
+    def sample(
+        self,
+        sampler: Sampler,
+        logits: torch.Tensor,
+        cu_num_logits: np.ndarray,
+        req_ids: list[str],
+        rows: np.ndarray,
+        drafts: dict[str, list[int]],
+        batch: InputBatch,
+        generators: dict[str, torch.Generator],
+        grammar_output: GrammarOutput | None,
+        vocab_size: int,
+    ) -> tuple[list[list[int]], list[LogprobsLists | None]]:
+        """Verify the drafts of the sampling requests ``req_ids`` (batch ``rows``); returns per request
+        its emitted tokens and their logprobs."""
+        counts = np.diff(cu_num_logits)
+        total = int(cu_num_logits[-1])
+        starts = np.repeat(cu_num_logits[:-1], counts)
+        offsets = np.arange(total) - starts
+        row_of = np.repeat(rows, counts)
+        draft_ids = np.full(total, -1, dtype=np.int64)
+        for i, req_id in enumerate(req_ids):
+            d = drafts.get(req_id)
+            if d:
+                draft_ids[cu_num_logits[i] : cu_num_logits[i] + len(d)] = d
+        row_req_ids = [req_ids[i] for i in np.repeat(np.arange(len(req_ids)), counts).tolist()]
+        if grammar_output is not None:
+            # Constrained requests draft nothing (the scheduler drops their drafts): one row each.
+            apply_grammar_bitmask(logits, grammar_output, row_req_ids)
+        row_list = row_of.tolist()
+        row_gens = {j: generators[r] for j, r in enumerate(row_req_ids) if r in generators}
+        metadata = build_sampling_metadata(
+            [batch.sampling_params[r] for r in row_list],  # type: ignore[misc]
+            RowTokens(batch, row_list, output=False),
+            _DraftRowTokens(batch, row_of, starts, offsets, draft_ids),
+            row_gens,
+            vocab_size,
+            logits.device,
+        )
+        raw = sampler.raw_logprobs(logits, metadata)
+        processed = sampler.process_logits(logits, metadata)
+        greedy_ids = None if metadata.all_random else processed.argmax(dim=-1)
+        probs = None
+        if not metadata.all_greedy:
+            processed = sampler.truncate(processed, metadata)
+            probs = processed.softmax(dim=-1)
+        verified = verify(
+            greedy_ids, probs, metadata.greedy_mask, draft_ids, cu_num_logits, row_gens, self.method
+        )
+        lps = sampler.gather_logprobs(raw, processed, metadata, verified.row_token_ids.to(logits.device))
+        per_row = lps.to_request_lists(metadata.num_logprobs) if lps is not None else [None] * total
+        logprobs = [
+            _merge_logprobs(per_row, int(cu_num_logits[i]), len(tokens))
+            for i, tokens in enumerate(verified.token_ids)
+        ]
+        for req_id, tokens in zip(req_ids, verified.token_ids):
+            d = drafts.get(req_id)
+            if d:
+                rate = (len(tokens) - 1) / len(d)
+                self.acceptance[req_id] = 0.5 * self.acceptance.get(req_id, 1.0) + 0.5 * rate
+        for row, tokens in zip(rows.tolist(), verified.token_ids):
+            n = int(batch.num_tokens[row])
+            batch.token_ids[row, n : n + len(tokens)] = tokens
+            batch.num_tokens[row] = n + len(tokens)
+        return verified.token_ids, logprobs

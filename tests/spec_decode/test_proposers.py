@@ -1,0 +1,70 @@
+"""The n-gram and suffix drafters on hand-made token sequences, and the draft-length policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pagedllm.config import SpeculativeConfig
+from pagedllm.spec_decode import DraftLength
+from pagedllm.spec_decode.ngram import NgramProposer
+from pagedllm.spec_decode.suffix import SuffixProposer
+
+
+def _ids(*tokens: int) -> np.ndarray:
+    return np.asarray(tokens, dtype=np.int64)
+
+
+def test_ngram_longest_then_latest_match() -> None:
+    ngram = NgramProposer(min_n=1, max_n=3)
+    # The ending [2, 3] occurs twice before; [1, 2, 3] (longer) only at the start: that one wins.
+    seq = _ids(1, 2, 3, 7, 8, 9, 5, 2, 3, 4, 4, 1, 2, 3)
+    assert ngram.propose("r", seq, 3) == [7, 8, 9]
+    # Equally long matches: the latest one's continuation.
+    assert ngram.propose("r", _ids(5, 1, 6, 5, 2, 6, 5), 2) == [2, 6]
+    # The drafts stop at the end of the sequence, and k bounds them.
+    assert ngram.propose("r", _ids(4, 5, 6, 4), 5) == [5, 6, 4]
+    assert ngram.propose("r", _ids(4, 5, 6, 4), 1) == [5]
+
+
+def test_ngram_respects_min_length() -> None:
+    ngram = NgramProposer(min_n=2, max_n=4)
+    assert ngram.propose("r", _ids(1, 2, 3, 9, 2), 3) == []  # only a 1-token match
+    assert ngram.propose("r", _ids(1, 2, 3, 9, 1, 2), 3) == [3, 9, 1]
+    assert ngram.propose("r", _ids(1, 2), 3) == []
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        NgramProposer(3, 2)
+
+
+def test_suffix_follows_the_most_frequent_continuation() -> None:
+    suffix = SuffixProposer(max_depth=8, max_cached_requests=0, max_spec_factor=4.0, min_token_prob=0.1)
+    # After [1, 2] came 3 twice and 4 once: draft 3, then what followed [.., 2, 3].
+    seq = _ids(1, 2, 3, 5, 1, 2, 3, 5, 1, 2, 4, 6, 1, 2)
+    assert suffix.propose("a", seq, 3) == [3, 5, 1]
+    # Grown by one token (incrementally), the match follows.
+    assert suffix.propose("a", np.append(seq, 3), 2) == [5, 1]
+    # max_spec_factor bounds drafts by the match length (a 1-token match drafts 1 token at factor 1).
+    short = SuffixProposer(max_depth=8, max_cached_requests=0, max_spec_factor=1.0, min_token_prob=0.1)
+    assert short.propose("b", _ids(7, 8, 9, 1, 7), 4) == [8]
+
+
+def test_suffix_min_token_prob_and_global_cache() -> None:
+    suffix = SuffixProposer(max_depth=8, max_cached_requests=1, max_spec_factor=4.0, min_token_prob=0.6)
+    # 2 was followed by 3 and by 4 once each: probability 0.5 < 0.6, no draft.
+    assert suffix.propose("a", _ids(2, 3, 2, 4, 2), 3) == []
+    suffix.forget("a", _ids(10, 11, 12, 13))
+    # A new request ending like the cached output drafts its continuation.
+    assert suffix.propose("b", _ids(5, 10, 11), 3) == [12, 13]
+    # Only one output is kept: caching another evicts the first.
+    suffix.forget("b", _ids(20, 21, 22))
+    assert suffix.propose("c", _ids(10, 11), 3) == []
+    assert suffix.propose("c2", _ids(20), 3) == [21, 22]
+
+
+def test_draft_length_schedule_and_off_switch() -> None:
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, num_speculative_tokens_per_batch_size={2: 4, 8: 2})
+    length = DraftLength(spec, max_num_reqs=8, max_step_tokens=20)
+    assert [length(n) for n in (1, 2, 3, 4, 8)] == [4, 4, 2, 2, 1]
+    plain = DraftLength(SpeculativeConfig(method="ngram", num_speculative_tokens=4), 64, max_step_tokens=20)
+    # Shrinks to fit 20 target tokens, and stops at 10 requests (1 + 1 draft each fills the step).
+    assert [plain(n) for n in (1, 4, 5, 9, 10, 11, 64)] == [4, 4, 3, 1, 1, 0, 0]

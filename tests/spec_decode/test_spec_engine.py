@@ -1,0 +1,152 @@
+"""Speculative decoding through the offline stack on a tiny random Llama (float32, eager): greedy
+outputs and logprobs token-for-token identical to the engine without speculation for every method,
+with prefix caching on and off, forced preemption and several prefill chunk sizes; stop strings,
+n > 1 and seeds; the sampled output distribution matches the engine without speculation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+from tiny_llm import make_tiny_llm
+
+from pagedllm import LLM, SamplingParams
+
+# Repetitive prompts: the tiny model's greedy output loops, so the drafters find matches.
+PROMPTS = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog.",
+    "Hello, world! How are you today? Hello, world! How are",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Numbers: 0 1 2 3",
+    "Paged attention stores keys",
+]
+SPECS: dict[str, dict[str, Any]] = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
+
+
+def _llm(model_dir: Path, **kwargs: Any) -> LLM:
+    return LLM(model=str(model_dir), dtype="float32", max_model_len=256, enforce_eager=True, **kwargs)
+
+
+def _run(llm: LLM, params: SamplingParams | list[SamplingParams], prompts: list[str] = PROMPTS) -> list[Any]:
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def _tokens(outputs: list[Any]) -> list[list[list[int]]]:
+    return [[list(c.token_ids) for c in o.outputs] for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> list[Any]:
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
+    return _run(_llm(model_dir), params)
+
+
+def _accepted(llm: LLM) -> int:
+    stats = llm.llm_engine.scheduler_stats
+    return 0 if stats is None else stats.spec_num_accepted_tokens
+
+
+@pytest.mark.parametrize("method", sorted(SPECS))
+@pytest.mark.parametrize(
+    "engine_kwargs",
+    [
+        {"enable_prefix_caching": True},
+        {"enable_prefix_caching": False},
+        # 8 blocks of 16 tokens for 4 sequences of up to ~80 tokens: requests get preempted.
+        {"num_gpu_blocks_override": 17, "block_size": 16},
+        {"max_num_batched_tokens": 16, "enable_chunked_prefill": True},
+        {"max_num_batched_tokens": 40, "enable_chunked_prefill": True},
+    ],
+    ids=["prefix-caching", "no-prefix-caching", "preemption", "chunk16", "chunk40"],
+)
+def test_greedy_identical_to_plain(
+    model_dir: Path, reference: list[Any], method: str, engine_kwargs: dict[str, Any]
+) -> None:
+    llm = _llm(model_dir, speculative_config=SPECS[method], **engine_kwargs)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
+    accepted = 0
+    original_step = llm.llm_engine.step
+
+    def step() -> Any:
+        nonlocal accepted
+        out = original_step()
+        accepted += _accepted(llm)
+        return out
+
+    llm.llm_engine.step = step  # type: ignore[method-assign]
+    outputs = _run(llm, params)
+    assert _tokens(outputs) == _tokens(reference)
+    assert accepted > 8, "the drafts were hardly ever accepted: the test would not exercise verification"
+    for ours, ref in zip(outputs, reference):
+        for mine, theirs in zip(ours.outputs[0].logprobs, ref.outputs[0].logprobs):
+            assert mine.keys() == theirs.keys()
+            for token, lp in mine.items():
+                assert lp.logprob == pytest.approx(theirs[token].logprob, abs=1e-4)
+                assert lp.rank == theirs[token].rank
+
+
+def test_stop_strings_penalties_and_n(model_dir: Path) -> None:
+    plain = _llm(model_dir)
+    spec = _llm(model_dir, speculative_config=SPECS["ngram"])
+    ref = _run(plain, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    text = ref[0].outputs[0].text
+    # A stop string inside the output: the request ends there with or without speculation.
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop]),
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, min_tokens=30, n=2),
+        SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True, frequency_penalty=0.5),
+    ]
+    want = _run(plain, params)
+    got = _run(spec, params)
+    assert [[c.text for c in o.outputs] for o in got] == [[c.text for c in o.outputs] for o in want]
+    assert _tokens(got) == _tokens(want)
+    assert [o.outputs[0].finish_reason for o in got] == [o.outputs[0].finish_reason for o in want]
+
+
+def test_seeds_reproduce(model_dir: Path) -> None:
+    # n-gram drafts depend on the request's own tokens only (suffix decoding's global trie also learns
+    # from earlier requests, so its drafts, and with them the random draws, change from run to run).
+    llm = _llm(model_dir, speculative_config=SPECS["ngram"])
+    params = SamplingParams(temperature=0.9, top_k=20, seed=11, max_tokens=30, n=2)
+    first = _tokens(_run(llm, params))
+    assert _tokens(_run(llm, params)) == first
+    assert _tokens(_run(llm, SamplingParams(temperature=0.9, top_k=20, seed=12, max_tokens=30, n=2))) != first
+
+
+def test_sampled_distribution_matches_plain(model_dir: Path) -> None:
+    """(`strict` is checked on the sampler itself, tests/sample/test_rejection_sampler.py.) Two-sample chi-square on the joint distribution of the first three sampled tokens (top-k 3 keeps
+    27 cells) of many requests, with and without speculation."""
+    prompt = ["Hello, world! Hello, world! Hello, world! Hello,"]
+    params = SamplingParams(temperature=1.5, top_k=3, max_tokens=3, ignore_eos=True, n=600)
+    spec = dict(SPECS["ngram"], prompt_lookup_min=1, rejection_sample_method="standard")
+
+    def histogram(llm: LLM) -> dict[tuple[int, ...], int]:
+        counts: dict[tuple[int, ...], int] = {}
+        for _ in range(2):
+            for c in _run(llm, params, prompt)[0].outputs:
+                key = tuple(c.token_ids)
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    plain = histogram(_llm(model_dir, max_num_seqs=8))
+    llm = _llm(model_dir, max_num_seqs=8, speculative_config=spec)
+    ours = histogram(llm)
+    keys = sorted(set(plain) | set(ours))
+    table = np.asarray([[plain.get(k, 0) for k in keys], [ours.get(k, 0) for k in keys]])
+    # Cells too rare for the test are pooled.
+    rare = table.sum(axis=0) < 10
+    if rare.any():
+        table = np.concatenate([table[:, ~rare], table[:, rare].sum(axis=1, keepdims=True)], axis=1)
+    assert chi2_contingency(table).pvalue > 1e-3
