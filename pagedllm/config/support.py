@@ -2,7 +2,7 @@
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
 not have (LoRA, speculative decoding, KV connectors and offloading, pipeline/data/context
-parallelism, DBO, engram, diffusion, watermarking, ...). Their sub-configs and rules exist so that the
+parallelism, DBO, engram, diffusion, ...). Their sub-configs and rules exist so that the
 spec's algorithms (CUDA-graph capture sizes with speculative decode, lookahead slots, KV offloading ->
 connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
 error, never a silently ignored flag. So `EngineConfig.__post_init__` runs the whole construction and
@@ -38,7 +38,7 @@ SUPPORTED = (
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
     "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
-    "profiler"
+    "profiler; output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -100,7 +100,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         ),
         (cfg.diffusion_config is not None, "diffusion_config (diffusion LLM decoding)"),
         (cfg.engram_config is not None, "engram_config (engram layers)"),
-        (cfg.watermark_config is not None, "watermark_config (watermarking)"),
         (
             cfg.reasoning_config is not None and not cfg.reasoning_config.reasoning_parser,
             "reasoning_config without reasoning_parser (reasoning token budgets)",

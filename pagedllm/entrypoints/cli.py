@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "chat": Subcommand("pagedllm.entrypoints.chat", "Chat with the model in the terminal."),
     "serve": Subcommand("pagedllm.entrypoints.serve", "Start the OpenAI-compatible API server."),
     "bench": Subcommand("pagedllm.benchmarks.cli", "Benchmarks: throughput, latency, serve."),
+    "watermark": Subcommand("pagedllm.entrypoints.watermark_cmd", "Detect output watermarks."),
 }
 
 
