@@ -37,7 +37,8 @@ SUPPORTED = (
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
-    "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
+    "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU; backend 'ipc': CUDA IPC "
+    "or shared memory) and from disk; the torch "
     "profiler; output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
@@ -108,10 +109,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "reasoning_config",
             cfg.reasoning_config.parser_markers_differ() if cfg.reasoning_config is not None else [],
             "markers other than the reasoning parser's",
-        ),
-        (
-            wt is not None and wt.backend == "ipc",
-            "weight_transfer_config.backend='ipc' (only 'nccl': NCCL on CUDA, gloo on the CPU)",
         ),
         (
             bool(wt_extra),

@@ -199,7 +199,6 @@ def test_operations_supported() -> None:
 @pytest.mark.parametrize(
     ("fields", "flag"),
     [
-        ({"weight_transfer_config": WeightTransferConfig(backend="ipc")}, "backend='ipc'"),
         ({"weight_transfer_config": WeightTransferConfig(extra={"chunk": 1})}, "extra keys ['chunk']"),
     ],
 )

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_llm import hf_greedy
-from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_trainer
+from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_ipc_trainer, run_trainer
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.distributed.ipc_transfer import IPC_HANDLES_KEY, trainer_ipc_update_info
 from pagedllm.distributed.weight_transfer import (
     TensorSpec,
     buckets,
@@ -78,6 +79,65 @@ def test_trainer_pushes_weights_into_a_running_engine(two_tiny_llms: tuple[Path,
     finally:
         if trainer.is_alive():
             trainer.kill()
+
+
+def test_trainer_shares_weights_by_ipc(two_tiny_llms: tuple[Path, Path]) -> None:
+    """backend='ipc': a trainer process shares its tensors by handle (shared memory on the CPU); the
+    engine maps them and loads them, refusing a bad update whole as the nccl path does."""
+    engine_dir, trainer_dir = two_tiny_llms
+    llm = LLM(
+        model=str(engine_dir),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        weight_transfer_config={"backend": "ipc"},
+    )
+    before = _greedy(llm)
+    expected = hf_greedy(trainer_dir, PROMPTS, MAX_TOKENS)
+    assert expected != before
+    llm.init_weight_transfer_engine({})  # nothing to join: accepted for the API's symmetry
+
+    ctx = multiprocessing.get_context("spawn")
+    infos, done = ctx.Queue(), ctx.Queue()
+    trainer = ctx.Process(target=run_ipc_trainer, args=(str(trainer_dir), infos, done))
+    trainer.start()
+    try:
+        good, wrong_shape, wrong_name = (infos.get(timeout=120) for _ in range(3))
+        # Handles only: the payload is a few bytes per tensor, not the weights.
+        assert len(good[IPC_HANDLES_KEY]) < 200 * len(good["names"])
+        for bad, error in ((wrong_shape, "does not match"), (wrong_name, "no matching parameter")):
+            with pytest.raises(ValueError, match=f"refused, nothing was loaded: .*{error}"):
+                llm.update_weights(bad)
+            assert _greedy(llm) == before
+        # Specs that pass the model's check, but handles to other tensors: refused before any load.
+        mismatched = {**good, IPC_HANDLES_KEY: wrong_shape[IPC_HANDLES_KEY]}
+        with pytest.raises(ValueError, match="announced torch.float32"):
+            llm.update_weights(mismatched)
+        assert _greedy(llm) == before
+        assert llm.update_weights(good) == len(good["names"])
+        assert _greedy(llm) == expected
+        done.put("done")
+        trainer.join(60)
+        assert trainer.exitcode == 0
+    finally:
+        if trainer.is_alive():
+            trainer.kill()
+
+
+def test_ipc_update_info_needs_handles(two_tiny_llms: tuple[Path, Path]) -> None:
+    llm = LLM(
+        model=str(two_tiny_llms[0]),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        weight_transfer_config={"backend": "ipc"},
+    )
+    tensors = checkpoint(two_tiny_llms[1])
+    info = trainer_ipc_update_info(tensors)
+    with pytest.raises(ValueError, match="needs ipc_handles_pickled"):
+        llm.update_weights({k: v for k, v in info.items() if k != IPC_HANDLES_KEY})
+    # In one process too (the same shared-memory path).
+    assert llm.update_weights(info) == len(tensors)
 
 
 def test_update_without_transfer_config_or_group_is_refused(two_tiny_llms: tuple[Path, Path]) -> None:
