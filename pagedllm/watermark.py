@@ -9,7 +9,8 @@ r_t are independent U(0, 1):
   S ~ Gamma(n, 1) and p = P(Gamma(n, 1) >= S), the regularized upper incomplete gamma Q(n, S).
   Watermarked tokens were chosen for a large r_t, which makes S large.
 - kgw: token t is green when r_t < KGW_GAMMA; under the null the green count G ~ Binomial(n, gamma),
-  p = P(Binomial(n, gamma) >= G) (exact tail); the score is KGW's z = (G - gamma n) / sqrt(n gamma (1 - gamma)).
+  p = P(Binomial(n, gamma) >= G) (exact tail); the score is KGW's z-score
+  z = (G - gamma n) / sqrt(n gamma (1 - gamma)).
 
 Scored positions are those with a full context (the first `context_width` tokens are not), counted
 once per context (Gumbel variants, matching the sampler, which samples a repeated context ordinarily)
@@ -71,7 +72,9 @@ def detect(
     if isinstance(text_or_token_ids, str):
         if tokenizer is None:
             if model is None:
-                raise ValueError("detecting a watermark in text needs tokenizer= or model= (token ids do not)")
+                raise ValueError(
+                    "detecting a watermark in text needs tokenizer= or model= (token ids do not)"
+                )
             from pagedllm.tokenizer import get_tokenizer
 
             tokenizer = get_tokenizer(model)
@@ -107,7 +110,11 @@ def gamma_sf(x: float, n: int) -> float:
     """P(Gamma(n, 1) >= x): the regularized upper incomplete gamma Q(n, x); 1 when nothing is scored."""
     if n == 0:
         return 1.0
-    return float(torch.special.gammaincc(torch.tensor(float(n), dtype=torch.float64), torch.tensor(x, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(float(n), dtype=torch.float64), torch.tensor(x, dtype=torch.float64)
+        )
+    )
 
 
 def binomial_sf(k: int, n: int, p: float) -> float:
@@ -117,7 +124,11 @@ def binomial_sf(k: int, n: int, p: float) -> float:
     if k > n:
         return 0.0
     terms = [
-        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p)
+        math.lgamma(n + 1)
+        - math.lgamma(i + 1)
+        - math.lgamma(n - i + 1)
+        + i * math.log(p)
+        + (n - i) * math.log1p(-p)
         for i in range(k, n + 1)
     ]
     top = max(terms)

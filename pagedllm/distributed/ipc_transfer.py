@@ -65,7 +65,9 @@ def open_ipc_tensors(
     or a tensor is not what its spec announced)."""
     payload = update_info.get(IPC_HANDLES_KEY)
     if not isinstance(payload, str):
-        raise ValueError(f"the ipc backend's update_info needs {IPC_HANDLES_KEY} (see trainer_ipc_update_info)")
+        raise ValueError(
+            f"the ipc backend's update_info needs {IPC_HANDLES_KEY} (see trainer_ipc_update_info)"
+        )
     handles = pickle.loads(base64.b64decode(payload))
     if not isinstance(handles, list) or len(handles) != len(specs):
         raise ValueError(f"{IPC_HANDLES_KEY} must hold one handle per name ({len(specs)})")
@@ -73,7 +75,9 @@ def open_ipc_tensors(
     tensors = []
     for spec, per_device in zip(specs, handles):
         if own not in per_device:
-            raise ValueError(f"no IPC handle of {spec.name!r} for this engine's device {own} (has {sorted(per_device)})")
+            raise ValueError(
+                f"no IPC handle of {spec.name!r} for this engine's device {own} (has {sorted(per_device)})"
+            )
         rebuild, args = per_device[own]
         tensor = rebuild(*args)
         if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:

@@ -23,8 +23,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "watermark; prints JSON with the score and the p-value (small: watermarked).",
     )
     detect.add_argument("--model", required=True, help="The model (its tokenizer) that generated the text.")
-    detect.add_argument("--key", type=int, required=True, help="watermark_config.key of the generating engine.")
-    detect.add_argument("--algorithm", choices=ALGORITHMS, default="gumbel", help="watermark_config.algorithm.")
+    detect.add_argument(
+        "--key", type=int, required=True, help="watermark_config.key of the generating engine."
+    )
+    detect.add_argument(
+        "--algorithm", choices=ALGORITHMS, default="gumbel", help="watermark_config.algorithm."
+    )
     detect.add_argument("--alpha", type=float, default=0.5, help="watermark_config.alpha (dual_key_gumbel).")
     source = detect.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="The text to score.")

@@ -108,7 +108,8 @@ class Sampler(nn.Module):
         marked = None
         if watermark is not None and watermark.exponentials is not None:
             # Before random_sample, which overwrites probs.
-            marked = (watermark.rows, gumbel_select(probs.index_select(0, watermark.rows), watermark.exponentials))
+            rows = probs.index_select(0, watermark.rows)
+            marked = (watermark.rows, gumbel_select(rows, watermark.exponentials))
         sampled = random_sample(probs, metadata.generators)
         if marked is not None:
             sampled.index_copy_(0, *marked)

@@ -77,9 +77,10 @@ def context_seeds(key32: int, contexts: torch.Tensor) -> torch.Tensor:
 
 def keyed_uniforms(seeds: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
     """Uniforms in (0, 1), float64, of each seed (rows) and candidate token (broadcast columns):
-    `token_ids` is [V] (every token) or [n, 1] (one token per seed)."""
-    salt = fmix32((seeds + _GOLDEN) & _M32)[:, None]
-    bits = fmix32(fmix32(seeds[:, None] ^ token_ids) ^ salt)
+    `token_ids` is [V] (every token) or [n, 1] (one token per seed). One hash over the [rows, V]
+    block: the tokens' own hashes (`fmix32(v * golden)`, distinct per token) only cost [V]."""
+    token_hashes = fmix32((token_ids * _GOLDEN) & _M32)
+    bits = fmix32(seeds[:, None] ^ token_hashes)
     return (bits.to(torch.float64) + 0.5) / 2.0**32
 
 
@@ -121,7 +122,9 @@ class Watermarker:
         """[n, context_width] contexts -> [n] seeds of the key each position uses."""
         seeds = context_seeds(self._keys[0], contexts)
         if self.algorithm == "dual_key_gumbel":
-            route = keyed_uniforms(context_seeds(self._route_key, contexts), torch.zeros_like(contexts[:, :1]))
+            route = keyed_uniforms(
+                context_seeds(self._route_key, contexts), torch.zeros_like(contexts[:, :1])
+            )
             seeds = torch.where(route[:, 0] < self.alpha, context_seeds(self._keys[1], contexts), seeds)
         return seeds
 

@@ -1,6 +1,7 @@
-"""Weight transfer from a trainer in another process (multiprocessing spawn) into a running engine, over
-gloo (backend 'nccl' on the CPU) or by shared-memory handles (backend 'ipc'): after the push the engine's greedy tokens are those of the pushed model under HF transformers; an
-update with a wrong name or shape is refused whole (the trainer is told, nothing is applied)."""
+"""Weight transfer from a trainer in another process (multiprocessing spawn) into a running engine,
+over gloo (backend 'nccl' on the CPU) or by shared-memory handles (backend 'ipc'): after the push the
+engine's greedy tokens are those of the pushed model under HF transformers; an update with a wrong
+name or shape is refused whole (nothing is applied; over gloo the trainer is told)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,11 @@ def flat_tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # One engine per algorithm, 200 decode steps each: the two variants beyond the first run with the slow tests.
 @pytest.mark.parametrize(
     "algorithm",
-    ["gumbel", pytest.param("dual_key_gumbel", marks=pytest.mark.slow), pytest.param("kgw", marks=pytest.mark.slow)],
+    [
+        "gumbel",
+        pytest.param("dual_key_gumbel", marks=pytest.mark.slow),
+        pytest.param("kgw", marks=pytest.mark.slow),
+    ],
 )
 def test_watermark_is_detected_with_the_key_only(flat_tiny_llm: Path, algorithm: str) -> None:
     llm = LLM(
@@ -43,8 +47,10 @@ def test_watermark_is_detected_with_the_key_only(flat_tiny_llm: Path, algorithm:
     )
     prompts = [{"prompt_token_ids": [5 + i, 17, 42]} for i in range(2 * NUM_EACH + 1)]
 
-    def sampled(seed: int, **kwargs: object) -> SamplingParams:
-        return SamplingParams(temperature=1.0, max_tokens=NUM_TOKENS, ignore_eos=True, seed=seed, **kwargs)  # type: ignore[arg-type]
+    def sampled(seed: int, watermarking: bool | None = None) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0, max_tokens=NUM_TOKENS, ignore_eos=True, seed=seed, watermarking=watermarking
+        )
 
     params = [
         *(sampled(i) for i in range(NUM_EACH)),  # the engine default: watermarked
@@ -75,6 +81,8 @@ def test_watermark_is_detected_with_the_key_only(flat_tiny_llm: Path, algorithm:
         assert detect(text, KEY, algorithm, model=str(flat_tiny_llm)).p_value < 1e-3
         cli = [sys.executable, "-m", "pagedllm.entrypoints.cli", "watermark", "detect"]
         cli += ["--model", str(flat_tiny_llm), "--key", str(KEY), "--algorithm", algorithm, "--text", text]
-        result = json.loads(subprocess.run(cli, capture_output=True, text=True, check=True, timeout=300).stdout)
+        result = json.loads(
+            subprocess.run(cli, capture_output=True, text=True, check=True, timeout=300).stdout
+        )
         assert result["algorithm"] == "gumbel" and result["p_value"] < 1e-3
         assert result["num_scored_tokens"] > 100

@@ -75,6 +75,7 @@ def test_prf_is_deterministic_and_32_bit() -> None:
     x = torch.tensor([0, 1, 2**32 - 1, 123456789], dtype=torch.int64)
     y = fmix32(x)
     assert ((y >= 0) & (y < 2**32)).all()
+
     # murmur3 fmix32 reference values (computed with Python's unbounded ints).
     def ref(h: int) -> int:
         h ^= h >> 16
@@ -107,7 +108,8 @@ def test_detector_null_is_calibrated(algorithm: str) -> None:
     at most Binomial(200, 0.05) (mean 10, sd 3.1): 22 or more happens with probability < 1e-3."""
     rng = np.random.default_rng(0)
     p_values = [
-        detect(rng.integers(0, 500, size=200).tolist(), key=99, algorithm=algorithm).p_value for _ in range(200)
+        detect(rng.integers(0, 500, size=200).tolist(), key=99, algorithm=algorithm).p_value
+        for _ in range(200)
     ]
     assert sum(p < 0.05 for p in p_values) < 22
     # And not degenerate (a detector answering 1 always would pass the line above).
