@@ -37,7 +37,7 @@ def flat_tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.param("kgw", marks=pytest.mark.slow),
     ],
 )
-def test_watermark_is_detected_with_the_key_only(flat_tiny_llm: Path, algorithm: str) -> None:
+def test_watermark_is_detected_with_the_key_only(flat_tiny_llm: Path, tmp_path: Path, algorithm: str) -> None:
     llm = LLM(
         model=str(flat_tiny_llm),
         dtype="float32",
@@ -77,10 +77,14 @@ def test_watermark_is_detected_with_the_key_only(flat_tiny_llm: Path, algorithm:
 
     if algorithm == "gumbel":
         # The text path: re-tokenized text (mostly the same tokens) through the CLI, printed as JSON.
+        # Through a file: random tokens may decode to control characters, a NUL among them.
         text = marked[0].text
         assert detect(text, KEY, algorithm, model=str(flat_tiny_llm)).p_value < 1e-3
+        text_file = tmp_path / "text.txt"
+        text_file.write_text(text, encoding="utf-8")
         cli = [sys.executable, "-m", "pagedllm.entrypoints.cli", "watermark", "detect"]
-        cli += ["--model", str(flat_tiny_llm), "--key", str(KEY), "--algorithm", algorithm, "--text", text]
+        cli += ["--model", str(flat_tiny_llm), "--key", str(KEY), "--algorithm", algorithm]
+        cli += ["--file", str(text_file)]
         result = json.loads(
             subprocess.run(cli, capture_output=True, text=True, check=True, timeout=300).stdout
         )
