@@ -103,7 +103,11 @@ def run(tokenizer: Any, scenario: Scenario) -> None:
     async def main() -> None:
         client = ScriptedClient(tokenizer.encode(SCRIPT))
         config = SimpleNamespace(
-            model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
+            model_config=FakeModelConfig(),
+            structured_outputs_config=StructuredOutputsConfig(),
+            # Read by the watermark support check (no watermark here).
+            watermark_config=None,
+            speculative_config=None,
         )
         engine = AsyncLLM(config, client, tokenizer, "m", log_stats=False)  # type: ignore[arg-type]
         try:

@@ -75,7 +75,11 @@ def tokenizer(smollm2_gguf: Path) -> Any:
 @pytest.fixture
 def engine(tokenizer: Any) -> LLMEngine:
     config = SimpleNamespace(
-        model_config=FakeModelConfig(), structured_outputs_config=StructuredOutputsConfig()
+        model_config=FakeModelConfig(),
+        structured_outputs_config=StructuredOutputsConfig(),
+        # Read by the watermark support check (no watermark here).
+        watermark_config=None,
+        speculative_config=None,
     )
     return LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
 
