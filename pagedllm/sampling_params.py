@@ -110,6 +110,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     bad_words: list[str] | None = None
     # Constrain the output to a JSON schema, a regex, a choice or a grammar (a dict is accepted too).
     structured_outputs: StructuredOutputsParams | None = None
+    # Watermark the output (with watermark_config set): None follows the engine, False opts out. The
+    # front-end resolves it to True/False with the spec's support check (greedy requests: False).
+    watermarking: bool | None = None
 
     # Filled in by the front-end, not by users.
     # Every token id that ends the request (stop_token_ids plus EOS ids unless ignore_eos): the sampler
@@ -178,6 +181,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.watermarking is not None and not isinstance(self.watermarking, bool):
+            raise ValueError(f"watermarking must be True, False or None, got {self.watermarking!r}")
         _check_int("n", self.n)
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")

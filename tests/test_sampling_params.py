@@ -81,6 +81,7 @@ VALIDATION_CASES: list[tuple[dict, str]] = [
     ({"structured_outputs": "json"}, "structured_outputs must be a StructuredOutputsParams or a dict"),
     ({"output_kind": 9}, "output_kind must be one of"),
     ({"ignore_eos": "false"}, "ignore_eos must be True or False, got 'false'"),
+    ({"watermarking": "yes"}, "watermarking must be True, False or None, got 'yes'"),
     ({"detokenize": 0}, "detokenize must be True or False, got 0"),
     ({"skip_special_tokens": None}, "skip_special_tokens must be True or False, got None"),
     ({"spaces_between_special_tokens": 1}, "spaces_between_special_tokens must be True or False"),

@@ -1,10 +1,9 @@
 """The single gate between what the configuration can express and what pagedllm implements.
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
-not have (speculative decoding, KV connectors and offloading, pipeline/data/context
-parallelism, DBO, engram, diffusion, watermarking, ...). Their sub-configs and rules exist so that the
-spec's algorithms (CUDA-graph capture sizes with speculative decode, lookahead slots, KV offloading ->
-connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
+not have (data/context parallelism, DBO, engram, diffusion, the draft-model and EAGLE drafters, ...).
+Their sub-configs and rules exist so that the spec's algorithms (CUDA-graph capture sizes with
+speculative decode, lookahead slots, KV offloading -> connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
 error, never a silently ignored flag. So `EngineConfig.__post_init__` runs the whole construction and
 then calls `check_supported`, which lists every enabled feature outside `SUPPORTED` and raises one
 ValueError naming each flag.
@@ -38,7 +37,8 @@ SUPPORTED = (
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
-    "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU) and from disk; the torch "
+    "trainer (weight_transfer_config backend 'nccl': NCCL on CUDA, gloo on the CPU; backend 'ipc': CUDA IPC "
+    "or shared memory) and from disk; the torch "
     "profiler; OpenTelemetry request traces (observability_config.otlp_traces_endpoint, "
     "collect_detailed_traces); request logs (logging_config.enable_log_requests, max_log_len); "
     "scheduler_config.stream_interval; KV cache events (kv_events_config, publisher 'zmq' or 'null'); "
@@ -46,7 +46,8 @@ SUPPORTED = (
     "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
     "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
-    "speculative decoding with the ngram and suffix methods"
+    "speculative decoding with the ngram and suffix methods; "
+    "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -115,7 +116,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         ),
         (cfg.diffusion_config is not None, "diffusion_config (diffusion LLM decoding)"),
         (cfg.engram_config is not None, "engram_config (engram layers)"),
-        (cfg.watermark_config is not None, "watermark_config (watermarking)"),
         (
             cfg.reasoning_config is not None and not cfg.reasoning_config.reasoning_parser,
             "reasoning_config without reasoning_parser (reasoning token budgets)",
@@ -124,10 +124,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "reasoning_config",
             cfg.reasoning_config.parser_markers_differ() if cfg.reasoning_config is not None else [],
             "markers other than the reasoning parser's",
-        ),
-        (
-            wt is not None and wt.backend == "ipc",
-            "weight_transfer_config.backend='ipc' (only 'nccl': NCCL on CUDA, gloo on the CPU)",
         ),
         (
             bool(wt_extra),

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from pagedllm.config.watermark_check import check_supports_watermarking
 from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, EngineDeadError
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor, RequestOutputCollector
@@ -79,7 +81,10 @@ class AsyncLLM:
         self.tokenizer = tokenizer
         self.client = client
         self.input_processor = InputProcessor(
-            self.model_config, tokenizer, engine_config.structured_outputs_config
+            self.model_config,
+            tokenizer,
+            engine_config.structured_outputs_config,
+            functools.partial(check_supports_watermarking, engine_config),
         )
         self.observer = RequestObserver.from_config(engine_config, model_name, log_requests)
         self.output_processor = OutputProcessor(

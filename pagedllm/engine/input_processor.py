@@ -9,7 +9,7 @@ no engine state and never waits on anything, so the server can call it from its 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NotRequired, Protocol, TypedDict
 
 from pagedllm.engine.protocol import EngineCoreRequest
@@ -82,8 +82,11 @@ class InputProcessor:
         model_config: _ModelConfig,
         tokenizer: Tokenizer | None,
         structured_outputs_config: _StructuredOutputsConfig | None = None,
+        watermark_check: Callable[[SamplingParams], bool] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # The engine's watermark support check (spec 5.17), resolving each request's `watermarking`.
+        self.watermark_check = watermark_check
         self.structured_outputs_config = structured_outputs_config
         self.max_model_len = int(model_config.max_model_len)
         self.max_logprobs = int(model_config.max_logprobs)
@@ -202,6 +205,8 @@ class InputProcessor:
         self._check_lengths(params, num_prompt_tokens)
         if params.structured_outputs is not None:
             self._prepare_structured_outputs(params.structured_outputs)
+        if self.watermark_check is not None:
+            params.watermarking = self.watermark_check(params)
         return params
 
     def _prepare_structured_outputs(self, constraint: StructuredOutputsParams) -> None:

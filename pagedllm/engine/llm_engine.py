@@ -9,9 +9,11 @@ independent of where the core runs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pagedllm.config.watermark_check import check_supports_watermarking
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
@@ -95,7 +97,10 @@ class LLMEngine:
         # Without a tokenizer (skip_tokenizer_init) prompts must be token ids and outputs carry no text.
         self.tokenizer = tokenizer
         self.input_processor = InputProcessor(
-            self.model_config, tokenizer, engine_config.structured_outputs_config
+            self.model_config,
+            tokenizer,
+            engine_config.structured_outputs_config,
+            functools.partial(check_supports_watermarking, engine_config),
         )
         self.observer = RequestObserver.from_config(
             engine_config, None, engine_config.logging_config.enable_log_requests

@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "disagg-proxy": Subcommand(
         "pagedllm.entrypoints.disagg_proxy", "Proxy for disaggregated prefill (prefill and decode instances)."
     ),
+    "watermark": Subcommand("pagedllm.entrypoints.watermark_cmd", "Detect output watermarks."),
 }
 
 

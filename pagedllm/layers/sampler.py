@@ -3,6 +3,8 @@
 Steps (vLLM V1 order): logprobs of the raw logits (if asked) -> logit bias -> penalties -> bans (allowed_token_ids,
 bad words, stop tokens under min_tokens) -> greedy argmax -> temperature -> min-p -> top-k/top-p ->
 exponential race. Greedy and random rows share the batch; seeded rows draw from their own generators.
+Watermarked rows (`metadata.watermark`) get kgw's green bias after truncation, or race on keyed
+exponentials instead of random ones (see pagedllm.sample.watermark).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pagedllm.sample.ops import (
     apply_top_k_top_p,
     random_sample,
 )
+from pagedllm.sample.watermark import gumbel_select
 
 LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
 
@@ -118,7 +121,18 @@ class Sampler(nn.Module):
             assert greedy is not None
             return greedy, logits
         logits = Sampler.truncate(logits, metadata)
-        sampled = random_sample(logits.softmax(dim=-1), metadata.generators)
+        watermark = metadata.watermark
+        if watermark is not None and watermark.green_bias is not None:
+            logits.index_add_(0, watermark.rows, watermark.green_bias)
+        probs = logits.softmax(dim=-1)
+        marked = None
+        if watermark is not None and watermark.exponentials is not None:
+            # Before random_sample, which overwrites probs.
+            rows = probs.index_select(0, watermark.rows)
+            marked = (watermark.rows, gumbel_select(rows, watermark.exponentials))
+        sampled = random_sample(probs, metadata.generators)
+        if marked is not None:
+            sampled.index_copy_(0, *marked)
         if greedy is None:
             return sampled, logits
         assert metadata.greedy_mask is not None

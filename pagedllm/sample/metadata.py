@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from pagedllm.sample.watermark import WatermarkBatch
 from pagedllm.sampling_params import SAMPLING_EPS, SamplingParams
 
 
@@ -52,6 +53,8 @@ class SamplingMetadata:
     # (rows, token ids) to set to -inf: bad words whose prefix was just generated, and stop tokens of
     # rows below min_tokens.
     banned: tuple[torch.Tensor, torch.Tensor] | None
+    # Keyed draws of the watermarked rows (set by the model runner's Watermarker); None: no row is.
+    watermark: WatermarkBatch | None = None
 
 
 def make_generator(seed: int, device: torch.device | str) -> torch.Generator:

@@ -49,6 +49,7 @@ from pagedllm.metrics.tracing import step_span
 from pagedllm.models import get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
+from pagedllm.sample.watermark import Watermarker
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
@@ -118,6 +119,8 @@ class ModelRunner:
         self.max_num_blocks_per_req = -(-self.max_model_len // self.block_size)
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, self.max_num_blocks_per_req)
         self.sampler = Sampler(logprobs_mode=mc.logprobs_mode)
+        wm = engine_config.watermark_config
+        self.watermarker = Watermarker(wm) if wm is not None else None
         # Kept across preemption (dropped only when the request finishes): a resumed seeded request
         # continues its random stream, and prompt logprobs are not sent twice.
         self.generators: dict[str, torch.Generator] = {}
@@ -581,6 +584,8 @@ class ModelRunner:
             self.vocab_size,
             self.device,
         )
+        if self.watermarker is not None:
+            metadata.watermark = self.watermarker.batch(batch, rows, params, logits.shape[1], self.device)
         out = self.sampler(logits, metadata)
         sampled: list[int] = out.sampled_token_ids.tolist()
         if out.logprobs is None:

@@ -33,7 +33,6 @@ from pagedllm.config import (
     SchedulerConfig,
     SpeculativeConfig,
     StructuredOutputsConfig,
-    WatermarkConfig,
     WeightTransferConfig,
 )
 from pagedllm.config.support import allow_unsupported, check_supported, unsupported_features
@@ -70,7 +69,6 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
         ({"cache_config": CacheConfig(cache_dtype="fp8")}, "cache_dtype"),
         ({"diffusion_config": DiffusionConfig(canvas_length=8)}, "diffusion_config"),
         ({"engram_config": EngramConfig()}, "engram"),
-        ({"watermark_config": WatermarkConfig()}, "watermark_config"),
         ({"reasoning_config": ReasoningConfig()}, "reasoning_config"),
         ({"parallel_config": ParallelConfig(data_parallel_size=2)}, "data_parallel_size"),
         (
@@ -226,7 +224,6 @@ def test_operations_supported() -> None:
 @pytest.mark.parametrize(
     ("fields", "flag"),
     [
-        ({"weight_transfer_config": WeightTransferConfig(backend="ipc")}, "backend='ipc'"),
         ({"weight_transfer_config": WeightTransferConfig(extra={"chunk": 1})}, "extra keys ['chunk']"),
     ],
 )
@@ -240,11 +237,11 @@ def test_every_unsupported_flag_listed_once(triton_installed: None) -> None:
         cfg = EngineConfig(
             model_config=ModelConfig(),
             lora_config=LoRAConfig(fully_sharded_loras=True),
-            watermark_config=WatermarkConfig(),
+            diffusion_config=DiffusionConfig(canvas_length=8),
         )
     found = unsupported_features(cfg)
-    assert any("lora_config" in f for f in found) and any("watermark_config" in f for f in found)
-    with pytest.raises(ValueError, match="lora_config.*watermark_config"):
+    assert any("lora_config" in f for f in found) and any("diffusion_config" in f for f in found)
+    with pytest.raises(ValueError, match="lora_config.*diffusion_config"):
         check_supported(cfg)
 
 

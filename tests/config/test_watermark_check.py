@@ -13,9 +13,8 @@ from pagedllm.sampling_params import SamplingParams
 
 
 class WatermarkedParams(SamplingParams, kw_only=True):
-    """SamplingParams with the per-request watermarking switch and trace field the check reads."""
+    """SamplingParams with the trace-replay field the check reads."""
 
-    watermarking: bool | None = None
     trace_decode_token_ids: list[int] | None = None
 
 

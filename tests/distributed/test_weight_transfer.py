@@ -1,19 +1,24 @@
-"""Weight transfer from a trainer in another process (multiprocessing spawn) into a running engine over
-gloo: after the push the engine's greedy tokens are those of the pushed model under HF transformers; an
-update with a wrong name or shape is refused whole (the trainer is told, nothing is applied)."""
+"""Weight transfer from a trainer in another process (multiprocessing spawn) into a running engine,
+over gloo (backend 'nccl' on the CPU) or by shared-memory handles (backend 'ipc'): after the push the
+engine's greedy tokens are those of the pushed model under HF transformers; an update with a wrong
+name or shape is refused whole (nothing is applied; over gloo the trainer is told)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from tiny_llm import hf_greedy
-from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_trainer
+from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_ipc_trainer, run_trainer
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.distributed.ipc_transfer import IPC_HANDLES_KEY, trainer_ipc_update_info
 from pagedllm.distributed.weight_transfer import (
     TensorSpec,
     buckets,
@@ -23,12 +28,31 @@ from pagedllm.distributed.weight_transfer import (
 
 PROMPTS = [[5, 17, 42, 99, 7], [200, 3, 3, 60]]
 MAX_TOKENS = 10
+SPAWN = multiprocessing.get_context("spawn")
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _llm(model_dir: Path, **kwargs: Any) -> LLM:
+    return LLM(model=str(model_dir), dtype="float32", max_model_len=128, enforce_eager=True, **kwargs)
+
+
+@contextlib.contextmanager
+def _trainer(target: Callable[..., None], *args: Any) -> Iterator[None]:
+    """`target(*args)` in a spawned process, which must have exited cleanly when the block ends."""
+    trainer = SPAWN.Process(target=target, args=args)
+    trainer.start()
+    try:
+        yield
+        trainer.join(60)
+        assert trainer.exitcode == 0
+    finally:
+        if trainer.is_alive():
+            trainer.kill()
 
 
 def _greedy(llm: LLM) -> list[list[int]]:
@@ -39,28 +63,22 @@ def _greedy(llm: LLM) -> list[list[int]]:
 
 def test_trainer_pushes_weights_into_a_running_engine(two_tiny_llms: tuple[Path, Path]) -> None:
     engine_dir, trainer_dir = two_tiny_llms
-    llm = LLM(
-        model=str(engine_dir),
-        dtype="float32",
-        max_model_len=128,
-        enforce_eager=True,
+    llm = _llm(
+        engine_dir,
         weight_transfer_config={"backend": "nccl", "extra": {"packed_buffer_size_bytes": BUCKET_BYTES}},
     )
     assert _greedy(llm) == hf_greedy(engine_dir, PROMPTS, MAX_TOKENS)
     expected = hf_greedy(trainer_dir, PROMPTS, MAX_TOKENS)
     assert expected != hf_greedy(engine_dir, PROMPTS, MAX_TOKENS)
 
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
+    results = SPAWN.Queue()
     init_info = {
         "master_address": "127.0.0.1",
         "master_port": _free_port(),
         "world_size": 2,
         "timeout_s": 120,
     }
-    trainer = ctx.Process(target=run_trainer, args=(init_info, str(trainer_dir), results))
-    trainer.start()
-    try:
+    with _trainer(run_trainer, init_info, str(trainer_dir), results):
         llm.init_weight_transfer_engine({**init_info, "rank_offset": 1})
         tensors = checkpoint(trainer_dir)
         assert llm.update_weights(update_info_for(tensors)) == len(tensors)
@@ -73,15 +91,49 @@ def test_trainer_pushes_weights_into_a_running_engine(two_tiny_llms: tuple[Path,
             assert results.get(timeout=120) == "refused"
             # The good tensors listed before the bad one were not applied either.
             assert _greedy(llm) == expected
-        trainer.join(60)
-        assert trainer.exitcode == 0
-    finally:
-        if trainer.is_alive():
-            trainer.kill()
+
+
+def test_trainer_shares_weights_by_ipc(two_tiny_llms: tuple[Path, Path]) -> None:
+    """backend='ipc': a trainer process shares its tensors by handle (shared memory on the CPU); the
+    engine maps them and loads them, refusing a bad update whole as the nccl path does."""
+    engine_dir, trainer_dir = two_tiny_llms
+    llm = _llm(engine_dir, weight_transfer_config={"backend": "ipc"})
+    before = _greedy(llm)
+    expected = hf_greedy(trainer_dir, PROMPTS, MAX_TOKENS)
+    assert expected != before
+    llm.init_weight_transfer_engine({})  # nothing to join: accepted for the API's symmetry
+
+    infos, done = SPAWN.Queue(), SPAWN.Queue()
+    with _trainer(run_ipc_trainer, str(trainer_dir), infos, done):
+        good, wrong_shape, wrong_name = (infos.get(timeout=120) for _ in range(3))
+        # Handles only: the payload is a few bytes per tensor, not the weights.
+        assert len(good[IPC_HANDLES_KEY]) < 200 * len(good["names"])
+        for bad, error in ((wrong_shape, "does not match"), (wrong_name, "no matching parameter")):
+            with pytest.raises(ValueError, match=f"refused, nothing was loaded: .*{error}"):
+                llm.update_weights(bad)
+            assert _greedy(llm) == before
+        # Specs that pass the model's check, but handles to other tensors: refused before any load.
+        mismatched = {**good, IPC_HANDLES_KEY: wrong_shape[IPC_HANDLES_KEY]}
+        with pytest.raises(ValueError, match="announced torch.float32"):
+            llm.update_weights(mismatched)
+        assert _greedy(llm) == before
+        assert llm.update_weights(good) == len(good["names"])
+        assert _greedy(llm) == expected
+        done.put("done")
+
+
+def test_ipc_update_info_needs_handles(two_tiny_llms: tuple[Path, Path]) -> None:
+    llm = _llm(two_tiny_llms[0], weight_transfer_config={"backend": "ipc"})
+    tensors = checkpoint(two_tiny_llms[1])
+    info = trainer_ipc_update_info(tensors)
+    with pytest.raises(ValueError, match="needs ipc_handles_pickled"):
+        llm.update_weights({k: v for k, v in info.items() if k != IPC_HANDLES_KEY})
+    # In one process too (the same shared-memory path).
+    assert llm.update_weights(info) == len(tensors)
 
 
 def test_update_without_transfer_config_or_group_is_refused(two_tiny_llms: tuple[Path, Path]) -> None:
-    llm = LLM(model=str(two_tiny_llms[0]), dtype="float32", max_model_len=128, enforce_eager=True)
+    llm = _llm(two_tiny_llms[0])
     with pytest.raises(ValueError, match="need weight_transfer_config"):
         llm.init_weight_transfer_engine({"master_address": "127.0.0.1", "master_port": 1})
     with pytest.raises(ValueError, match="init_weight_transfer_engine must be called"):
@@ -90,7 +142,7 @@ def test_update_without_transfer_config_or_group_is_refused(two_tiny_llms: tuple
 
 def test_update_weights_from_disk(two_tiny_llms: tuple[Path, Path]) -> None:
     engine_dir, other_dir = two_tiny_llms
-    llm = LLM(model=str(engine_dir), dtype="float32", max_model_len=128, enforce_eager=True)
+    llm = _llm(engine_dir)
     before = _greedy(llm)
     assert llm.update_weights_from_disk(str(other_dir)) == len(checkpoint(other_dir))
     assert _greedy(llm) == hf_greedy(other_dir, PROMPTS, MAX_TOKENS) != before

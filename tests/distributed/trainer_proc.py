@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from pagedllm.distributed.ipc_transfer import trainer_ipc_update_info
 from pagedllm.distributed.weight_transfer import WeightUpdateRefused, trainer_init, trainer_send_weights
 
 # Small buckets, so that a push takes several broadcasts.
@@ -38,3 +39,13 @@ def run_trainer(init_info: dict[str, Any], model_dir: str, results: Any) -> None
             results.put("sent")
         except WeightUpdateRefused:
             results.put("refused")
+
+
+def run_ipc_trainer(model_dir: str, infos: Any, done: Any) -> None:
+    """Share a good update and the two bad ones by handle (update_info for each on `infos`), keeping
+    the tensors alive until the test says `done`."""
+    tensors = checkpoint(Path(model_dir))
+    updates = [tensors, *bad_updates(tensors)]
+    for named in updates:
+        infos.put(trainer_ipc_update_info(named))
+    done.get(timeout=300)

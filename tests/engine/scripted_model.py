@@ -34,5 +34,8 @@ def fake_engine_config(**sub_configs: Any) -> Any:
         "scheduler_config": SchedulerConfig(),
         "logging_config": LoggingConfig(),
         "observability_config": ObservabilityConfig(),
+        # Read by the watermark support check (no watermark, no speculation here).
+        "watermark_config": None,
+        "speculative_config": None,
     }
     return SimpleNamespace(**{**defaults, **sub_configs})

@@ -1,6 +1,6 @@
 """The server's operation routes on a tiny random Llama, through the real ZMQ engine core: sleep mode
-(503 while asleep, same outputs after wake-up), weight updates from disk and collective_rpc, the torch
-profiler. (Which routes exist without dev mode: tests/entrypoints/test_dev_routes.py.)"""
+(503 while asleep, same outputs after wake-up), weight updates from disk, by IPC handles (backend
+'ipc': this test process is the trainer) and collective_rpc, the torch profiler. (Which routes exist without dev mode: tests/entrypoints/test_dev_routes.py.)"""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ import httpx
 import openai
 import pytest
 from remote_server import RemoteServer
+from safetensors.torch import load_file
 from tiny_llm import hf_greedy
 from transformers import AutoTokenizer
+
+from pagedllm.distributed.ipc_transfer import trainer_ipc_update_info
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +33,8 @@ def dev_server(
     remote = RemoteServer(
         extra_args=[
             "--enable-sleep-mode",
+            "--weight-transfer-config",
+            '{"backend": "ipc"}',
             "--profiler-config",
             profiler,
             "--dtype",
@@ -110,3 +115,18 @@ def test_profile_routes_write_a_chrome_trace(
     [trace] = response.json()["traces"]
     names = {event.get("name") for event in json.loads(Path(trace).read_text())["traceEvents"]}
     assert names & {"aten::linear", "aten::mm", "aten::addmm"}
+
+
+def test_ipc_weight_update_through_the_dev_routes(
+    dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path]
+) -> None:
+    url, (first, second) = dev_server.url, two_tiny_llms
+    assert httpx.post(f"{url}/init_weight_transfer_engine", json={"init_info": {}}).status_code == 200
+    tensors = sorted(load_file(str(second / "model.safetensors")).items())  # kept alive (shared with the engine process) until the update returns
+    info = trainer_ipc_update_info(tensors)
+    response = httpx.post(f"{url}/update_weights", json={"update_info": info}, timeout=60)
+    assert response.status_code == 200 and response.json()["loaded"] == len(tensors)
+    expected = hf_greedy(second, [PROMPT], MAX_TOKENS)[0]
+    assert _greedy(dev_server, first) == AutoTokenizer.from_pretrained(second).decode(expected)
+    response = httpx.post(f"{url}/update_weights_from_disk", json={"path": str(first)}, timeout=60)
+    assert response.status_code == 200

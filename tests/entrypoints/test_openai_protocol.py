@@ -197,3 +197,12 @@ def test_lone_surrogates_are_refused_anywhere_in_the_request() -> None:
         ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}])
     with pytest.raises(ValidationError, match="surrogate"):
         CompletionRequest(prompt="x", logit_bias={"\ud800": 1.0})
+
+
+def test_watermarking_extra_param() -> None:
+    """vLLM's per-request `watermarking` reaches SamplingParams (None: the engine decides)."""
+    assert CompletionRequest(prompt="x").to_sampling_params().watermarking is None
+    assert CompletionRequest(prompt="x", watermarking=False).to_sampling_params().watermarking is False
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], watermarking=True)
+    assert chat.to_sampling_params().watermarking is True
+    assert "watermarking" not in CompletionRequest(prompt="x", watermarking=True).unsupported_fields()

@@ -155,6 +155,8 @@ class SamplingFields(OpenAIBaseModel):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+    # vLLM's per-request watermark switch (None: the engine's watermark_config decides).
+    watermarking: bool | None = None
 
     def unsupported_fields(self, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS) -> list[str]:
         """The vLLM fields given with a value that asks for something pagedllm does not do."""
@@ -229,6 +231,7 @@ class SamplingFields(OpenAIBaseModel):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
             structured_outputs=self._structured_outputs_params(),
+            watermarking=self.watermarking,
         )
 
 
