@@ -220,7 +220,9 @@ class LlamaModel(nn.Module):
         `norm_cls` the final norm, `embed_scale` a factor on the embeddings (Granite), `mlp_factory`
         each layer's feed-forward block (mixture-of-experts models; None: the block's dense MLP)."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, quant_config, f"{prefix}.embed_tokens"
+        )
         self.embed_scale = embed_scale
         rotary_emb = build_rope(config)
         self.layers = nn.ModuleList(
@@ -267,7 +269,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = self.build_model(config, quant_config)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=quant_config, prefix="lm_head")
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()
         self.logits_processor = LogitsProcessor()

@@ -11,7 +11,13 @@ from gguf import GGUFWriter
 from gguf.quants import quantize
 
 # Byte layout of one 256-element super-block: (size, offsets of its float16 scale fields).
-_K_QUANTS = {Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,))}
+_K_QUANTS = {
+    Q.Q2_K: (84, (80, 82)),
+    Q.Q3_K: (110, (108,)),
+    Q.Q4_K: (144, (0, 2)),
+    Q.Q5_K: (176, (0, 2)),
+    Q.Q6_K: (210, (208,)),
+}
 
 
 def _encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
