@@ -134,7 +134,7 @@ class GGUFLinearMethod(LinearMethodBase):
             raise ValueError(f"{layer.prefix}: GGUF parts {missing} were not loaded")
 
     def constants(self, layer: nn.Module) -> tuple[object, ...]:
-        return tuple(layer.gguf_types)
+        return (*layer.gguf_types, *layer.gguf_sizes)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shards = [getattr(layer, f"qweight_{i}") for i in range(len(layer.gguf_types))]
