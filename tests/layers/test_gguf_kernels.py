@@ -14,7 +14,13 @@ from pagedllm.layers.quant import gguf, gguf_native
 
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]
 # (block bytes, offsets of the float16 scales) of the K-quants gguf-py cannot quantize.
-_RANDOM_BLOCKS = {Q.Q2_K: (84, (80, 82)), Q.Q3_K: (110, (108,)), Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,))}
+_RANDOM_BLOCKS = {
+    Q.Q2_K: (84, (80, 82)),
+    Q.Q3_K: (110, (108,)),
+    Q.Q4_K: (144, (0, 2)),
+    Q.Q5_K: (176, (0, 2)),
+    Q.Q6_K: (210, (208,)),
+}
 N, K = 48, 512
 
 
@@ -24,7 +30,9 @@ def _weight(qtype: Q, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Ten
         size, offsets = _RANDOM_BLOCKS[qtype]
         raw = rng.integers(0, 256, size=(N, K // 256, size), dtype=np.uint8)
         for off in offsets:
-            raw[..., off : off + 2] = rng.uniform(1e-4, 1e-3, (N, K // 256, 1)).astype(np.float16).view(np.uint8)
+            raw[..., off : off + 2] = (
+                rng.uniform(1e-4, 1e-3, (N, K // 256, 1)).astype(np.float16).view(np.uint8)
+            )
         raw = raw.reshape(N, -1)
     else:
         raw = quantize(rng.standard_normal((N, K)).astype(np.float32), qtype)

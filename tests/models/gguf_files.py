@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
 from gguf.quants import quantize
 
 # Byte layout of one 256-element super-block: (size, offsets of its float16 scale fields, largest

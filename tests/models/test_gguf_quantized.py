@@ -61,7 +61,9 @@ def test_quantized_model_matches_hf_on_dequantized_weights(tmp_path: Path, qtype
     hf.load_state_dict(reference)
     ours = load_model(config, tmp_path, gguf_file=path.name, quant_config=GGUFQuantizationConfig())
     assert isinstance(ours.model.layers[0].self_attn.qkv_proj.quant_method, GGUFLinearMethod)
-    prompt = torch.randint(0, config.vocab_size, (INT8_MAX_ROWS - 4,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, config.vocab_size, (INT8_MAX_ROWS - 4,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     tokens, logprobs = _greedy(ours, prompt)
     with torch.no_grad():
         hf_logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :]
@@ -91,7 +93,9 @@ def test_weights_stay_as_stored(tmp_path: Path) -> None:
 def test_unsupported_type_is_refused_naming_tensor_and_type(tmp_path: Path) -> None:
     path = write_llama_gguf(tmp_path / "iq.gguf", {"ffn_up": Q.IQ4_NL})
     config = hf_config_from_gguf(read_gguf_header(path))
-    with pytest.raises(ModelLoadError, match=r"iq.gguf: tensor 'blk.0.ffn_up.weight' has type IQ4_NL, which is not supported"):
+    with pytest.raises(
+        ModelLoadError, match=r"iq.gguf: tensor 'blk.0.ffn_up.weight' has type IQ4_NL, which is not supported"
+    ):
         load_model(config, tmp_path, gguf_file=path.name, quant_config=GGUFQuantizationConfig())
 
 

@@ -34,7 +34,9 @@ INT8_MAX_ROWS = 16
 TILE_ROWS = 256
 
 
-def gguf_linear(x: torch.Tensor, shards: list[torch.Tensor], types: list[int], out_features: int) -> torch.Tensor:
+def gguf_linear(
+    x: torch.Tensor, shards: list[torch.Tensor], types: list[int], out_features: int
+) -> torch.Tensor:
     """`x @ W^T` for `x` [M, k] and `W` the row-concatenation of the quantized `shards`."""
     k = x.shape[1]
     if x.stride(1) != 1:
@@ -72,7 +74,9 @@ _LIBRARY.impl("gguf_linear", gguf_linear, "CompositeExplicitAutograd")
 torch.library.register_fake("pagedllm::gguf_linear", _gguf_linear_fake, lib=_LIBRARY)
 
 
-def _product(x: torch.Tensor, shards: Sequence[torch.Tensor], types: Sequence[int], out_features: int) -> torch.Tensor:
+def _product(
+    x: torch.Tensor, shards: Sequence[torch.Tensor], types: Sequence[int], out_features: int
+) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])
     out = torch.ops.pagedllm.gguf_linear(rows, list(shards), list(types), out_features)
     return out.reshape(*x.shape[:-1], out_features)
@@ -112,7 +116,9 @@ class GGUFLinearMethod(LinearMethodBase):
         layer.gguf_sizes = list(output_partition_sizes)
         layer.gguf_types = [-1] * len(output_partition_sizes)
         # Only the name the loader looks up (`<module>.qweight`); the parts land in buffers.
-        layer.register_parameter("qweight", _placeholder(lambda p, w, shard_id=None: self._load(layer, w, shard_id)))
+        layer.register_parameter(
+            "qweight", _placeholder(lambda p, w, shard_id=None: self._load(layer, w, shard_id))
+        )
 
     def _load(self, layer: nn.Module, tensor: torch.Tensor, shard_id: str | int | None) -> None:
         sizes = layer.gguf_sizes
