@@ -21,7 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -62,7 +62,16 @@ INLINE uint16_t float_to_bf16(float f) {
     if ((bits & 0x7fffffff) > 0x7f800000) return (uint16_t)((bits >> 16) | 0x40); /* quiet NaN */
     return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
 }
-INLINE float rd_f16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_float(h); }
+/* A block's float16 scale: one instruction with F16C (every AVX2 CPU has it), else the bit fiddling. */
+INLINE float rd_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    return f16_to_float(h);
+#endif
+}
 
 /* Elements and bytes of one block of each type (0: not a type of this file). */
 static int64_t block_elems(int t) {
@@ -273,6 +282,7 @@ typedef struct {
     int8_t *q;
     float *d;
     int32_t *s16;
+    float *sum; /* d times the block's sum */
 } QAct;
 
 static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t *s16) {
@@ -316,15 +326,17 @@ INLINE __m256i nibbles(const uint8_t *qs) {
 }
 #endif
 
-/* sum_j w_j x_j over a quantized row (k elements) against one quantized activation row. */
+/* sum_j w_j x_j over a quantized row (k elements) against one quantized activation row (`asum`: each
+ * block's scale times the sum of its values, for the types with a minimum or an offset). */
 static float dot_row(int t, const uint8_t *row, int64_t k, const int8_t *aq, const float *ad,
-                     const int32_t *as) {
+                     const int32_t *as, const float *asum) {
     int64_t nb = k / 32;
 #ifdef __AVX2__
     if (t == Q4_0 || t == Q4_1 || t == Q8_0) {
-        __m256 acc = _mm256_setzero_ps();
+        /* Two accumulators: consecutive blocks' multiply-adds do not wait on each other. */
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
         float offset = 0.0f;
-        int64_t bb = block_bytes(t);
+        int64_t bb = block_bytes(t), qs_at = t == Q4_1 ? 4 : 2;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *p = row + b * bb;
             __m256i a = _mm256_loadu_si256((const __m256i *)(aq + 32 * b));
@@ -334,14 +346,15 @@ static float dot_row(int t, const uint8_t *row, int64_t k, const int8_t *aq, con
                 __m256i w = _mm256_loadu_si256((const __m256i *)(p + 2));
                 sums = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
             } else {
-                sums = dot_u8s8(nibbles(p + (t == Q4_0 ? 2 : 4)), a);
-                int32_t asum = as[2 * b] + as[2 * b + 1];
+                sums = dot_u8s8(nibbles(p + qs_at), a);
                 /* Q4_0: w = d (n - 8); Q4_1: w = d n + m. */
-                offset += ad[b] * (t == Q4_0 ? -8.0f * d * asum : rd_f16(p + 2) * asum);
+                offset += asum[b] * (t == Q4_0 ? -8.0f * d : rd_f16(p + 2));
             }
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * ad[b]), acc);
+            __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * ad[b]));
+            if (b & 1) acc1 = _mm256_add_ps(acc1, prod);
+            else acc0 = _mm256_add_ps(acc0, prod);
         }
-        return hsum8(acc) + offset;
+        return hsum8(_mm256_add_ps(acc0, acc1)) + offset;
     }
 #endif
     int8_t q[32];
@@ -354,6 +367,7 @@ static float dot_row(int t, const uint8_t *row, int64_t k, const int8_t *aq, con
         for (int l = 16; l < 32; l++) s1 += q[l] * a[l];
         total += ad[b] * (sc[0] * s0 + sc[1] * s1 - mn[0] * as[2 * b] - mn[1] * as[2 * b + 1]);
     }
+    (void)asum;
     return total;
 }
 
@@ -387,8 +401,10 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
         a.q = malloc(M * k);
         a.d = malloc(M * (k / 32) * sizeof(float));
         a.s16 = malloc(M * (k / 16) * sizeof(int32_t));
+        a.sum = malloc(M * (k / 32) * sizeof(float));
         for (int64_t m = 0; m < M; m++)
             quantize_row(xf + m * k, k, a.q + m * k, a.d + m * (k / 32), a.s16 + m * (k / 16));
+        for (int64_t b = 0; b < M * (k / 32); b++) a.sum[b] = a.d[b] * (a.s16[2 * b] + a.s16[2 * b + 1]);
     }
 #pragma omp parallel
     {
@@ -403,7 +419,8 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
             for (int64_t m = 0; m < M; m++) {
                 float v = is_float_type(t)
                               ? dot_float(wf, xf + m * k, k)
-                              : dot_row(t, row, k, a.q + m * k, a.d + m * (k / 32), a.s16 + m * (k / 16));
+                              : dot_row(t, row, k, a.q + m * k, a.d + m * (k / 32), a.s16 + m * (k / 16),
+                                        a.sum + m * (k / 32));
                 store_out(y, m * ldy + r, v, y_bf16);
             }
         }
@@ -413,6 +430,7 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
     free(a.q);
     free(a.d);
     free(a.s16);
+    free(a.sum);
     return 0;
 }
 
