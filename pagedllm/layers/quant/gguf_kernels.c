@@ -233,9 +233,42 @@ static void float_row(int t, const uint8_t *row, int64_t k, float *out) {
     for (int64_t i = 0; i < k; i++) out[i] = t == F16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
 }
 
+#ifdef __AVX2__
+/* The 32 nibbles of a Q4 block as unsigned bytes, in element order (low nibbles first). */
+INLINE __m256i nibbles(const uint8_t *qs) {
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0xF));
+}
+/* out[0..32) = d * q + m for 32 signed bytes q. */
+INLINE void store_block(__m256i q, float d, float m, float *out) {
+    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+    for (int h = 0; h < 2; h++) {
+        __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
+        __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
+        _mm256_storeu_ps(out + 16 * h, _mm256_fmadd_ps(lo, vd, vm));
+        _mm256_storeu_ps(out + 16 * h + 8, _mm256_fmadd_ps(hi, vd, vm));
+    }
+}
+#endif
+
 /* A row of k elements dequantized to float32. */
 static void dequant_row(int t, const uint8_t *row, int64_t k, float *out) {
     if (is_float_type(t)) { float_row(t, row, k, out); return; }
+#ifdef __AVX2__
+    if (t == Q4_0 || t == Q4_1 || t == Q8_0) {
+        int64_t bb = block_bytes(t);
+        for (int64_t b = 0; b < k / 32; b++) {
+            const uint8_t *p = row + b * bb;
+            float d = rd_f16(p);
+            if (t == Q8_0) store_block(_mm256_loadu_si256((const __m256i *)(p + 2)), d, 0.0f, out + 32 * b);
+            else if (t == Q4_1) store_block(nibbles(p + 4), d, rd_f16(p + 2), out + 32 * b);
+            else store_block(nibbles(p + 2), d, -8.0f * d, out + 32 * b);
+        }
+        return;
+    }
+#endif
     int8_t q[32];
     float sc[2], mn[2];
     for (int64_t b = 0; b < k / 32; b++) {
@@ -317,12 +350,6 @@ INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
-}
-/* The 32 nibbles of a Q4 block as unsigned bytes, in element order (low nibbles first). */
-INLINE __m256i nibbles(const uint8_t *qs) {
-    __m128i v = _mm_loadu_si128((const __m128i *)qs);
-    __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0xF));
 }
 #endif
 
