@@ -104,3 +104,32 @@ def test_truncated_file_is_refused_naming_the_file(tmp_path: Path) -> None:
     path.write_bytes(data[: len(data) - 4096])
     with pytest.raises(ModelLoadError, match=r"cut.gguf.*(truncated|not a readable GGUF)"):
         load_model(config, tmp_path, gguf_file=path.name, quant_config=GGUFQuantizationConfig())
+
+
+@pytest.mark.slow
+def test_smollm2_perplexity_quantized_within_1_percent(smollm2_gguf: Path) -> None:
+    """The embedded SmolLM2 Q4_1 model's perplexity on a fixed English text (2,104 tokens, written
+    for this test) run from its blocks, in 8-token steps so every product takes the int8 kernel,
+    within 1% of the same file dequantized (the float path, whole-prompt steps)."""
+    from transformers import AutoTokenizer
+
+    config = hf_config_from_gguf(read_gguf_header(smollm2_gguf))
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
+    text = (Path(__file__).parent / "data" / "perplexity_text.txt").read_text()
+    ids = tokenizer.encode(text)
+    assert len(ids) >= 2000
+
+    def perplexity(quant_config: GGUFQuantizationConfig | None, step: int) -> float:
+        model = load_model(config, smollm2_gguf.parent, gguf_file=smollm2_gguf.name, quant_config=quant_config)
+        batch = PagedBatch.for_model(model, num_blocks=len(ids) // 16 + 2)
+        logprobs = []
+        for start in range(0, len(ids) - 1, step):
+            chunk = ids[start : min(start + step, len(ids) - 1)]
+            (logits,) = batch.run(model, [("r", chunk)])
+            targets = torch.tensor(ids[start + 1 : start + 1 + len(chunk)])
+            logprobs.append(torch.log_softmax(logits.float(), -1).gather(1, targets[:, None]))
+        return float(torch.exp(-torch.cat(logprobs).mean()))
+
+    reference = perplexity(None, 1024)
+    quantized = perplexity(GGUFQuantizationConfig(), 8)
+    assert abs(quantized / reference - 1) < 0.01, (quantized, reference)
