@@ -107,6 +107,7 @@ def test_truncated_file_is_refused_naming_the_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 263 eight-token steps: ~10 min on the loaded 2-core VM, far less when quiet
 def test_smollm2_perplexity_quantized_within_1_percent(smollm2_gguf: Path) -> None:
     """The embedded SmolLM2 Q4_1 model's perplexity on a fixed English text (2,104 tokens, written
     for this test) run from its blocks, in 8-token steps so every product takes the int8 kernel,
