@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,13 +18,16 @@ from pagedllm.benchmarks.datasets import SampleRequest
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def add_baseline_args(group: argparse._ArgumentGroup, what: str) -> None:
-    """`--baseline none|hf` and `--hf-dtypes`, shared by the benchmarks that measure HF beside them."""
+def add_baseline_args(group: argparse._ArgumentGroup, what: str, others: Sequence[str] = ()) -> None:
+    """`--baseline none|hf` (and the benchmark's `others`) and `--hf-dtypes`, shared by the benchmarks
+    that measure HF beside them."""
     group.add_argument(
         "--baseline",
-        choices=["none", "hf"],
+        choices=["none", "hf", *others],
         default="none",
-        help=f"Also run HF transformers' {what} on the same prompts and print the ratio.",
+        help=f"Also run HF transformers' {what} (or another baseline) on the same prompts and print the ratio."
+        + (" gguf-dequantized: the same GGUF file loaded dequantized (the float path)." if others else "")
+        + (" llama.cpp: llama-cpp-python on the same file and thread count." if "llama.cpp" in others else ""),
     )
     group.add_argument("--hf-dtypes", default="float32,bfloat16", help="Baseline dtypes (comma separated).")
 

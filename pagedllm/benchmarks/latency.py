@@ -11,6 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedllm.benchmarks.datasets import grounded_requests, open_chat_requests, random_requests, render_chat
+from pagedllm.benchmarks.gguf_baselines import (
+    GGUF_BASELINES,
+    dequantized_args,
+    quantized_bytes_per_step,
+    run_llama_cpp_latency,
+    runs_quantized,
+)
 from pagedllm.benchmarks.hf_baseline import add_baseline_args
 from pagedllm.benchmarks.model_stats import ModelStats
 from pagedllm.benchmarks.roofline import copy_bandwidth
@@ -43,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="With --speculative-config: first run the same prompts without speculation, and report the "
         "decode speed-up.",
     )
-    add_baseline_args(group, "prefill and greedy decode")
+    add_baseline_args(group, "prefill and greedy decode", (*GGUF_BASELINES, "llama.cpp"))
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
     EngineArgs.add_cli_args(parser)
     return parser
@@ -91,9 +98,8 @@ def run_batch(engine, prompts: list[list[int]], output_len: int, tag: str, ignor
     return BatchResult(prefill, decode_steps, num_decode_tokens, spec)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.dataset != "random":
-        return run_dataset(args)
+def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, object, list[list[int]]]:
+    """One engine's figures (the report), its model config and the prompts it ran."""
     from pagedllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
@@ -118,9 +124,13 @@ def run(args: argparse.Namespace) -> int:
         steps.extend(res.decode_steps)
     step_ms = np.asarray(steps) * 1000.0
     stats = ModelStats.from_model_config(model_config)
+    weight_bytes = stats.weight_bytes_per_step
+    if runs_quantized(model_config, engine.engine_config.load_config):
+        tied = bool(getattr(model_config.hf_text_config, "tie_word_embeddings", False))
+        weight_bytes = quantized_bytes_per_step(model_config.gguf_file, tied)
     bandwidth = max(bandwidth, copy_bandwidth())
     decode_tok_s = args.batch_size * 1000.0 / float(np.median(step_ms))
-    limit = bandwidth / stats.weight_bytes_per_step
+    limit = bandwidth / weight_bytes
     report = {
         "batch_size": args.batch_size,
         "input_len": args.input_len,
@@ -131,27 +141,65 @@ def run(args: argparse.Namespace) -> int:
         "decode_step_ms": {f"p{p}": float(np.percentile(step_ms, p)) for p in (50, 90, 99)},
         "decode_tokens_per_s": decode_tok_s,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
-        "weight_bytes_per_step": stats.weight_bytes_per_step,
+        "weight_bytes_per_step": weight_bytes,
         "bandwidth_roofline_steps_per_s": limit,
         "fraction_of_bandwidth_roofline": (1000.0 / float(np.median(step_ms))) / limit,
     }
     print(
-        f"prefill: {report['prefill_s_median'] * 1000:.1f} ms for {args.batch_size}x{args.input_len} tokens "
-        f"({report['prefill_tokens_per_s']:.0f} tok/s)"
+        f"{label} prefill: {report['prefill_s_median'] * 1000:.1f} ms for {args.batch_size}x{args.input_len} "
+        f"tokens ({report['prefill_tokens_per_s']:.0f} tok/s)"
     )
     pct = report["decode_step_ms"]
     print(
-        f"decode step: p50 {pct['p50']:.2f} ms, p90 {pct['p90']:.2f} ms, p99 {pct['p99']:.2f} ms "
-        f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s "
-        f"({report['fraction_of_bandwidth_roofline']:.1%})"
+        f"{label} decode step: p50 {pct['p50']:.2f} ms, p90 {pct['p90']:.2f} ms, p99 {pct['p99']:.2f} ms "
+        f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s from {weight_bytes / 1e6:.1f} MB "
+        f"a step ({report['fraction_of_bandwidth_roofline']:.1%})"
     )
     engine.shutdown()
+    return report, model_config, prompts
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.dataset != "random":
+        return run_dataset(args)
+    report, model_config, prompts = measure(args)
     if args.baseline == "hf":
         report["baselines"] = _hf_baselines(args, model_config, prompts, report)
+    elif args.baseline == "gguf-dequantized":
+        if model_config.gguf_file is None:
+            raise SystemExit("--baseline gguf-dequantized needs a GGUF model")
+        base, _, _ = measure(dequantized_args(args), "dequantized")
+        report["baselines"] = [{"name": "gguf-dequantized", **base}]
+        print(
+            f"quantized vs dequantized: prefill {report['prefill_tokens_per_s'] / base['prefill_tokens_per_s']:.2f}x, "
+            f"decode {report['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x"
+        )
+    elif args.baseline == "llama.cpp":
+        report["baselines"] = [_llama_cpp_baseline(args, model_config, prompts, report)]
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(report, f, indent=2)
     return 0
+
+
+def _llama_cpp_baseline(args: argparse.Namespace, model_config, prompts: list[list[int]], ours: dict) -> dict:
+    if model_config.gguf_file is None or args.batch_size != 1:
+        raise SystemExit("--baseline llama.cpp needs a GGUF model and --batch-size 1")
+    res = run_llama_cpp_latency(model_config.gguf_file, prompts[0], args.output_len, args.num_iters)
+    prefill_tok_s, decode_tok_s = args.input_len / res.prefill_s, 1.0 / res.decode_step_s
+    print(
+        f"llama.cpp ({res.threads} threads): prefill {prefill_tok_s:.0f} tok/s "
+        f"(pagedllm {ours['prefill_tokens_per_s'] / prefill_tok_s:.2f}x), decode {decode_tok_s:.1f} tok/s "
+        f"(pagedllm {ours['decode_tokens_per_s'] / decode_tok_s:.2f}x)"
+    )
+    return {
+        "name": "llama.cpp",
+        "threads": res.threads,
+        "prefill_tokens_per_s": prefill_tok_s,
+        "decode_tokens_per_s": decode_tok_s,
+        "prefill_ratio": ours["prefill_tokens_per_s"] / prefill_tok_s,
+        "decode_ratio": ours["decode_tokens_per_s"] / decode_tok_s,
+    }
 
 
 def _hf_baselines(

@@ -34,7 +34,9 @@ class LoadConfig:
     download_dir: str | None = None
     """Directory to download and cache Hub models in (default: the Hugging Face cache)."""
     model_loader_extra_config: dict[str, Any] = Field(default_factory=dict)
-    """Extra options for the weight loader (pagedllm's loaders take none; setting any is unsupported)."""
+    """Extra options for the weight loader: `gguf_dequantize` (true, the default: a GGUF file's
+    weights are dequantized to the model dtype at load, the float path; false: they run from their
+    blocks as stored); any other key is unsupported."""
     ignore_patterns: list[str] = Field(default_factory=lambda: ["original/**/*"])
     """File patterns to skip when downloading a Hub model's weights."""
 

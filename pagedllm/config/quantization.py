@@ -1,6 +1,7 @@
 """Quantization methods known to the config: the resolved method object lives in
-`EngineConfig.quant_config`. pagedllm implements GGUF block quantization (dequantized or kept packed by
-the GGUF loader); every other method name is rejected by ModelConfig."""
+`EngineConfig.quant_config`. pagedllm implements GGUF block quantization (kept packed and computed
+from the blocks; dequantized at load only when the loader is asked to, see `pagedllm.models.loader`);
+every other method name is rejected by ModelConfig."""
 
 from __future__ import annotations
 
@@ -57,7 +58,16 @@ class GGUFQuantizationConfig(QuantizationConfig):
         return [torch.float32, torch.bfloat16, torch.float16]
 
     def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        # The GGUF loader dequantizes every tensor to the activation dtype: the layers are dense.
+        # Linear layers and the token embedding (with a tied or own LM head) keep the file's blocks;
+        # other layers (norms, mixture-of-experts weights) get dequantized tensors from the loader.
+        from pagedllm.layers.embedding import VocabParallelEmbedding
+        from pagedllm.layers.linear import LinearBase
+        from pagedllm.layers.quant.gguf import GGUFLinearMethod, embedding_method
+
+        if isinstance(layer, LinearBase):
+            return GGUFLinearMethod()
+        if isinstance(layer, VocabParallelEmbedding):
+            return embedding_method(layer)
         return None
 
 

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 # What the engine implements, for the error message and the docs.
 SUPPORTED = (
     "dense decoder models (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text, Phi-3, OLMo 2, Granite) "
-    "from HF safetensors directories or GGUF files (Phi-3 GGUF without LongRoPE factors); "
+    "from HF safetensors directories or GGUF files (Phi-3 GGUF without LongRoPE factors; dequantized at "
+    "load, or with model_loader_extra_config gguf_dequantize=false the linear layers and the embedding / "
+    "LM head of Llama-family models run from the Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K-Q6_K blocks); "
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
@@ -214,9 +216,9 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             f"load_config.load_format={cfg.load_config.load_format!r}",
         ),
         _named(
-            "load_config",
-            _changed(cfg.load_config, ("model_loader_extra_config",)),
-            "custom weight-loader options",
+            "load_config.model_loader_extra_config",
+            sorted(set(cfg.load_config.model_loader_extra_config) - {"gguf_dequantize"}),
+            "custom weight-loader options; supported: gguf_dequantize",
         ),
     ]
     # MLA-only passes do nothing for the (non-MLA) models pagedllm runs; MLA models are rejected below.

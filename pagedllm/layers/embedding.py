@@ -9,6 +9,8 @@ are gathered. With one rank both are the plain table.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,12 +19,23 @@ from pagedllm.distributed import parallel_state
 from pagedllm.layers.linear import linear
 from pagedllm.layers.quant.base import set_weight_loader
 
+if TYPE_CHECKING:
+    from pagedllm.config.quantization import QuantizationConfig
+
 
 class VocabParallelEmbedding(nn.Module):
     """The embedding table (this rank's rows of it). Created in the default dtype, which the loader
-    sets to the model's."""
+    sets to the model's. With a `quant_config` whose method covers embeddings (GGUF kept quantized,
+    only without tensor parallelism), that method holds the table and does the lookup (`embedding`)
+    and the LM head's product (`apply`)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
@@ -32,8 +45,10 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = self.tp_rank * self.rows_per_partition
         # The rows of this rank that hold real tokens (the last rank may have padding).
         self.num_real_rows = max(0, min(num_embeddings - self.vocab_start, self.rows_per_partition))
-        weight = nn.Parameter(torch.empty(self.rows_per_partition, embedding_dim))
-        self.weight = set_weight_loader(weight, self.weight_loader)
+        self.quant_method: Any = quant_config.get_quant_method(self, prefix) if quant_config else None
+        if self.quant_method is None:
+            weight = nn.Parameter(torch.empty(self.rows_per_partition, embedding_dim))
+            self.weight = set_weight_loader(weight, self.weight_loader)
 
     def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
         if loaded_weight.dim() != 2 or tuple(loaded_weight.shape) != (self.num_embeddings, self.embedding_dim):
@@ -45,6 +60,8 @@ class VocabParallelEmbedding(nn.Module):
         param.data[self.num_real_rows :].zero_()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.embedding(self, input_ids)
         if self.tp_size == 1:
             return F.embedding(input_ids, self.weight)
         local = input_ids - self.vocab_start
@@ -60,13 +77,23 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection; shares `weight` with the embedding when the model ties them."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
-        super().__init__(num_embeddings, embedding_dim)
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__(num_embeddings, embedding_dim, quant_config, prefix)
         if bias:
             raise ValueError("an LM head bias is not supported")
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
-        self.weight = embed_tokens.weight
+        """Share the embedding's table (and its method: a quantized table stays quantized)."""
+        self.quant_method = embed_tokens.quant_method
+        for name, param in embed_tokens.named_parameters(recurse=False):
+            setattr(self, name, param)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("ParallelLMHead is applied through LogitsProcessor, not called directly")
@@ -82,6 +109,8 @@ class LogitsProcessor(nn.Module):
     """
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
+        if lm_head.quant_method is not None:
+            return lm_head.quant_method.apply(lm_head, hidden_states).float()
         logits = linear(hidden_states, lm_head.weight).float()
         if lm_head.tp_size == 1:
             return logits

@@ -230,7 +230,7 @@ class LlamaModel(nn.Module):
             config.num_hidden_layers, pp.rank_in_group, pp.world_size
         )
         self.embed_tokens = (
-            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size, quant_config, f"{prefix}.embed_tokens")
             if self.is_first_stage
             else PPMissingLayer()
         )
@@ -309,7 +309,8 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.build_model(config, quant_config)
         pp = parallel_state.get_pp_group()
         self.lm_head = (
-            ParallelLMHead(config.vocab_size, config.hidden_size) if pp.is_last_rank else PPMissingLayer()
+            ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=quant_config, prefix="lm_head")
+            if pp.is_last_rank else PPMissingLayer()
         )
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         self.tie_weights()

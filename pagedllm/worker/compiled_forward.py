@@ -72,6 +72,18 @@ def _attention_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
     return tuple(m.impl.params for m in block.modules() if isinstance(m, Attention))
 
 
+def _quant_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
+    """What a traced block bakes in of its quantized layers (GGUF block types differ per layer in
+    mixed files such as Q4_K_M)."""
+    from pagedllm.layers.quant.base import QuantizeMethodBase
+
+    return tuple(
+        m.quant_method.constants(m)
+        for m in block.modules()
+        if isinstance(getattr(m, "quant_method", None), QuantizeMethodBase)
+    )
+
+
 def _call_capturing_bytecode(
     compiled: Callable[..., Any], original: types.FunctionType, *args: Any
 ) -> tuple[Any, Callable[..., Any] | None]:
@@ -154,7 +166,7 @@ class CompiledForward:
         self._single_row_call: Callable[..., torch.Tensor] | None = None
         model.compute_logits = self._compute_logits  # type: ignore[method-assign]
         for block in self._blocks:
-            signature = (type(block), _attention_constants(block))
+            signature = (type(block), _attention_constants(block), _quant_constants(block))
             block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
         self.native = model.native_decoder() if isinstance(model, SupportsNativeDecode) else None
 
@@ -217,7 +229,7 @@ class CompiledForward:
             compiled = torch._dynamo.lookup_backend(self.backend)(gm, list(example_inputs))
         return compiled
 
-    def _run_block(self, block: nn.Module, signature: tuple[type, Any], *args: Any) -> Any:
+    def _run_block(self, block: nn.Module, signature: tuple[Any, ...], *args: Any) -> Any:
         key = self._key
         if key is None:  # called outside __call__ (a profiling run, a test driving the model)
             return type(block).forward(block, *args)

@@ -6,12 +6,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
 from gguf.quants import quantize
 
-# Byte layout of one 256-element super-block: (size, offsets of its float16 scale fields).
-_K_QUANTS = {Q.Q4_K: (144, (0, 2)), Q.Q5_K: (176, (0, 2)), Q.Q6_K: (210, (208,))}
+# Byte layout of one 256-element super-block: (size, offsets of its float16 scale fields, largest
+# scale: Q6_K's random int8 sub-block scales reach 128, so its super-block scale is kept 10x smaller
+# to give weights of the others' magnitude).
+_K_QUANTS = {
+    Q.Q2_K: (84, (80, 82), 1e-3),
+    Q.Q3_K: (110, (108,), 1e-3),
+    Q.Q4_K: (144, (0, 2), 1e-3),
+    Q.Q5_K: (176, (0, 2), 1e-3),
+    Q.Q6_K: (210, (208,), 1e-4),
+}
 
 
 def _encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
@@ -19,13 +27,17 @@ def _encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
         return w.astype(np.float32)
     if qtype in _K_QUANTS:
         # gguf can only dequantize K-quants: write random blocks with small finite scales instead.
-        size, scale_offsets = _K_QUANTS[qtype]
+        size, scale_offsets, largest = _K_QUANTS[qtype]
         blocks = rng.integers(0, 256, size=(w.size // 256, size), dtype=np.uint8)
         for off in scale_offsets:
-            scales = rng.uniform(1e-4, 1e-3, size=blocks.shape[0]).astype(np.float16)
+            scales = rng.uniform(largest / 10, largest, size=blocks.shape[0]).astype(np.float16)
             blocks[:, off : off + 2] = scales.view(np.uint8).reshape(-1, 2)
         return blocks.reshape(w.shape[0], -1)
-    return quantize(w, qtype)
+    try:
+        return quantize(w, qtype)
+    except NotImplementedError:  # a type gguf cannot quantize (I-quants): random bytes of its size
+        block_elems, block_bytes = GGML_QUANT_SIZES[qtype]
+        return rng.integers(0, 256, size=(w.shape[0], w.shape[1] // block_elems * block_bytes), dtype=np.uint8)
 
 
 def llama_cpp_rope_freqs(head_dim: int, base: float, rope: dict[str, float]) -> np.ndarray:

@@ -207,9 +207,9 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_unsupported_tensor_type_is_a_clear_error(tmp_path: Path) -> None:
-    path = write_llama_gguf(tmp_path / "q5.gguf", {"ffn_up": Q.Q5_0})
+    path = write_llama_gguf(tmp_path / "iq.gguf", {"ffn_up": Q.IQ4_NL})
     config = hf_config_from_gguf(read_gguf_header(path))
-    with pytest.raises(ModelLoadError, match=r"ffn_up.weight' has type Q5_0, which is not supported"):
+    with pytest.raises(ModelLoadError, match=r"ffn_up.weight' has type IQ4_NL, which is not supported"):
         load_model(config, tmp_path, gguf_file=path.name)
 
 

@@ -35,6 +35,11 @@ class QuantizeMethodBase(ABC):
         """Called once every checkpoint tensor is in place (repacking, scales); nothing by default."""
         return None
 
+    def constants(self, layer: nn.Module) -> tuple[object, ...]:
+        """What a graph traced through `apply` bakes in of this layer besides its tensors (block
+        types of a GGUF layer): one traced decoder block serves only layers with equal constants."""
+        return ()
+
 
 class LinearMethodBase(QuantizeMethodBase):
     """The method of a linear layer (`y = x @ W^T + b`)."""

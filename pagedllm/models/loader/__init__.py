@@ -12,7 +12,7 @@ copy of the model ever exists. Layers with a quantization method then finish the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from pagedllm.models.loader.gguf_loader import (
     rope_freq_factors,
 )
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safetensors_files
-from pagedllm.models.loader.weights import load_weights
+from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 
 __all__ = ["ModelLoadError", "get_model", "load_model", "reload_weights"]
@@ -44,14 +44,15 @@ SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 def _weights(
-    load_format: str, model_path: Path, gguf_file: Path | None
+    load_format: str, model_path: Path, gguf_file: Path | None, keep_packed: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Check the files exist and are readable now, then return the lazy tensor iterator."""
+    """Check the files exist and are readable now, then return the lazy tensor iterator (GGUF
+    tensors whose packed name `keep_packed` accepts stay as stored)."""
     if load_format == "gguf":
         if gguf_file is None:
             raise ModelLoadError(f"load_format='gguf' but {model_path} has no .gguf file")
         gguf_architecture(read_header(gguf_file), gguf_file)
-        return iterate_gguf(gguf_file)
+        return iterate_gguf(gguf_file, keep_packed)
     return iterate_safetensors(safetensors_files(model_path))
 
 
@@ -100,10 +101,13 @@ def load_model(
     check_tensor_parallel_size(tensor_parallel_size)
     load_format, model_path, gguf_path = _source(load_format, model_path, gguf_file)
     model_cls = resolve_model_cls(list(getattr(hf_config, "architectures", None) or []))
-    weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path)
+    if load_format == "dummy" and quant_config is not None and quant_config.name == "gguf":
+        quant_config = None  # random weights have no GGUF blocks: dense layers of the same shapes
 
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(hf_config, quant_config=quant_config)
+    keep_packed = accepts(model) if quant_config is not None else None
+    weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path, keep_packed)
     # Buffers computed on the CPU whatever the device context (the rotary tables) move to the device;
     # parameters are already there (no copy, no dtype change).
     model.to(device=device)
@@ -174,6 +178,9 @@ def get_model(engine_config: Any) -> nn.Module:
     if pp != 1 and not getattr(model_cls, "supports_pp", False):
         raise ModelLoadError(f"{model_cls.__name__} does not support pipeline_parallel_size > 1 (got {pp})")
     model_path = _model_path(engine_config)
+    quant_config = engine_config.quant_config
+    if quant_config is not None and quant_config.name == "gguf" and gguf_dequantize(engine_config.load_config):
+        quant_config = None  # every GGUF tensor dequantized to the model dtype at load (the default)
     return load_model(
         mc.hf_config,
         model_path,
@@ -184,5 +191,15 @@ def get_model(engine_config: Any) -> nn.Module:
         seed=mc.seed,
         tensor_parallel_size=engine_config.parallel_config.tensor_parallel_size,
         max_positions=mc.max_model_len,
-        quant_config=engine_config.quant_config,
+        quant_config=quant_config,
     )
+
+
+def gguf_dequantize(load_config: Any) -> bool:
+    """Whether a GGUF file's weights load dequantized to the model dtype (the float path).
+
+    The default until the block kernels beat it: on the machines measured so far the float path's
+    prompt GEMMs and its native single-sequence decode path are faster than running from the blocks
+    (benchmarks/RESULTS.md, issue 19). `model_loader_extra_config={"gguf_dequantize": false}` runs
+    the blocks as stored (a quarter to a half of the memory)."""
+    return bool(load_config.model_loader_extra_config.get("gguf_dequantize", True))

@@ -1,4 +1,8 @@
-"""GGUF checkpoints (llama.cpp): tensors read with the `gguf` package and dequantized at load.
+"""GGUF checkpoints (llama.cpp): tensors read from a memory map of the file, either kept as stored
+(the weights of layers whose GGUF method computes from the blocks, `pagedllm.layers.quant.gguf`:
+yielded as `<module>.qweight`, a uint8 [rows, row bytes] view of the mapping with its ggml type in
+`ggml_type`) or dequantized to float32 (norms, biases, and everything when the model is loaded
+without the GGUF quantization method).
 
 Tensor names are mapped to HF names, so the model's ordinary `load_weights` (with its q/k/v and
 gate/up folding) consumes them. llama.cpp's converter permutes the rows of the q and k projections
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,10 @@ SUPPORTED_TENSOR_TYPES = frozenset(
         GGMLQuantizationType.Q8_0,
         GGMLQuantizationType.Q4_0,
         GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
         GGMLQuantizationType.Q4_K,
         GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,
@@ -151,10 +159,13 @@ def gguf_architecture(header: GGUFHeader, path: Path) -> str:
     return arch
 
 
-def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarray:
-    """The tensor's values (float32: `gguf.quants.dequantize` widens every type),
-    shaped as torch expects (GGUF dims reversed)."""
-    qtype = GGMLQuantizationType(info.ggml_type)
+def _raw(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> tuple[np.ndarray, GGMLQuantizationType]:
+    """The tensor's bytes as stored, [rows, row bytes] (a view of `data`), and its type; a clear error
+    for a type not served here or a tensor that runs past the end of the file."""
+    try:
+        qtype = GGMLQuantizationType(info.ggml_type)
+    except ValueError:
+        raise ModelLoadError(f"{path}: tensor {info.name!r} has unknown ggml type {info.ggml_type}") from None
     if qtype not in SUPPORTED_TENSOR_TYPES:
         raise ModelLoadError(
             f"{path}: tensor {info.name!r} has type {qtype.name}, which is not supported "
@@ -165,10 +176,22 @@ def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarr
     num_rows = math.prod(info.dims[1:])
     row_bytes = row_elems // block_elems * block_bytes
     end = info.offset + num_rows * row_bytes
+    if row_elems % block_elems:
+        raise ModelLoadError(
+            f"{path}: tensor {info.name!r} has rows of {row_elems} elements, not whole {qtype.name} blocks"
+        )
     if end > data.size:
         raise ModelLoadError(f"{path}: tensor {info.name!r} runs past the end of the file (truncated?)")
     # A plain ndarray view: every slice of a np.memmap pays for memmap's __array_finalize__.
-    raw = data[info.offset : end].view(np.ndarray).reshape(num_rows, row_bytes)
+    return data[info.offset : end].view(np.ndarray).reshape(num_rows, row_bytes), qtype
+
+
+def _dequantized(data: np.ndarray, info: GGUFTensorInfo, path: Path) -> np.ndarray:
+    """The tensor's values (float32: `gguf.quants.dequantize` widens every type),
+    shaped as torch expects (GGUF dims reversed)."""
+    raw, qtype = _raw(data, info, path)
+    num_rows, row_bytes = raw.shape
+    row_elems = info.dims[0] if info.dims else 1
     shape = [int(d) for d in reversed(info.dims)]
     quant = getattr(gguf.quants, qtype.name, None)
     if quant is None:  # F32, F16: a view and a cast
@@ -203,8 +226,24 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(hf_name, tensor)` for every tensor of the file, dequantized to float32."""
+def _packed(data: np.ndarray, info: GGUFTensorInfo, path: Path, arch: str, n_heads: tuple[int, int]) -> torch.Tensor:
+    """A 2-D weight as stored (uint8 [rows, row bytes], q/k rows of "llama" files unpermuted: whole
+    rows, so the blocks move intact), its ggml type in `ggml_type`."""
+    raw, qtype = _raw(data, info, path)
+    if arch in _PERMUTED_ARCHS and info.name.endswith(("attn_q.weight", "attn_k.weight")):
+        raw = np.ascontiguousarray(_unpermute_rows(raw, n_heads[0] if ".attn_q." in info.name else n_heads[1]))
+    with warnings.catch_warnings():
+        # A read-only view of the memory-mapped file: the kernels only read it.
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.from_numpy(raw)
+    tensor.ggml_type = int(qtype)  # type: ignore[attr-defined]
+    return tensor
+
+
+def iterate_gguf(path: Path, keep_packed: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """`(hf_name, tensor)` for every tensor of the file, dequantized to float32, except the 2-D
+    weights whose `<module>.qweight` name `keep_packed` accepts: those are yielded under that name,
+    as stored (see `_packed`)."""
     path = Path(path)
     header = read_header(path)
     arch = gguf_architecture(header, path)
@@ -214,6 +253,10 @@ def iterate_gguf(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for info in header.tensors:
         name = hf_tensor_name(info.name, arch)
         if name is None:
+            continue
+        packed_name = name.removesuffix(".weight") + ".qweight"
+        if keep_packed is not None and len(info.dims) == 2 and "{}" not in name and keep_packed(packed_name):
+            yield packed_name, _packed(data, info, path, arch, (n_head, n_kv_head))
             continue
         w = _dequantized(data, info, path)
         if arch in _NORM_SHIFTED_ARCHS and info.name.endswith("norm.weight"):

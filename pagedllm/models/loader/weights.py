@@ -14,7 +14,7 @@ expert id, shard id)`, see `pagedllm.layers.fused_moe`): each expert's projectio
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -122,6 +122,24 @@ class _DryRunCopies(TorchFunctionMode):
                 raise ValueError(f"weight shape {tuple(args[1].shape)} does not match {tuple(args[0].shape)}")
             return args[0]
         return func(*args, **(kwargs or {}))
+
+
+def accepts(model: nn.Module) -> Callable[[str], bool]:
+    """Whether `model` has a parameter (fused or not, or a tied alias) that a checkpoint tensor of
+    this HF name would load into: lets a reader offer a tensor in the form the model kept for it."""
+    targets = _Targets(model)
+
+    def accept(name: str) -> bool:
+        name = targets.rename(name)
+        if targets.skip(name):
+            return True
+        try:
+            targets.resolve(name)
+        except ValueError:
+            return False
+        return True
+
+    return accept
 
 
 def _listed(what: str, names: Sequence[str]) -> str:

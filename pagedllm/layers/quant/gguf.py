@@ -1,0 +1,190 @@
+"""GGUF weights kept as stored: linear layers (and the embedding / LM head) computed from the
+llama.cpp blocks, never from a float copy.
+
+The loader (`pagedllm.models.loader.gguf_loader`) yields each such tensor as `<module>.qweight`: a
+uint8 [rows, row bytes] view of the memory-mapped file, its ggml type in `ggml_type`. A linear layer
+keeps one tensor per fused part (q/k/v, gate/up: llama.cpp stores them apart, possibly of different
+types, as Q4_K_M does), each a buffer `qweight_<i>` that still points into the file's mapping; one
+kernel call multiplies their row-concatenation.
+
+The product (`torch.ops.pagedllm.gguf_linear`, opaque to torch.compile) picks its path by the number
+of rows: up to `INT8_MAX_ROWS` rows, int8 dot products on activations quantized per 32-element block
+(gguf_kernels.c; each weight block is read once for all rows); above, tiles of `TILE_ROWS` weight
+rows are dequantized into the activation dtype and multiplied by the float GEMM (which wins once the
+dequantization is spread over enough rows; measured, see benchmarks/RESULTS.md).
+
+The embedding gathers the rows it needs and dequantizes only those; a tied LM head shares the
+embedding's quantized parameter and multiplies by it directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from pagedllm.layers.quant import gguf_native
+from pagedllm.layers.quant.base import LinearMethodBase, QuantizeMethodBase, WeightLoader, set_weight_loader
+
+# Rows of activations up to which the int8 kernel beats dequantized tiles + GEMM (measured with
+# SmolLM2's 3072 x 576 gate/up projection in Q4_1 on this 2-core machine, one thread: at 8 rows int8
+# 4.7 ms vs tiles 7.7 ms, at 16 rows 9.4 vs 7.7; at 128 rows the tiles equal the float GEMM).
+INT8_MAX_ROWS = 8
+# Weight rows dequantized per GEMM tile: ~0.5-2 MB of float tile for common widths, cache-resident.
+TILE_ROWS = 256
+
+
+def gguf_linear(
+    x: torch.Tensor, shards: list[torch.Tensor], types: list[int], out_features: int
+) -> torch.Tensor:
+    """`x @ W^T` for `x` [M, k] and `W` the row-concatenation of the quantized `shards`."""
+    k = x.shape[1]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m = x.shape[0]
+    if m <= INT8_MAX_ROWS:
+        out = torch.empty(m, out_features, dtype=x.dtype)
+        if m:
+            gguf_native.matmul(x, shards, types, k, out)
+        return out
+    # Transposed output: each tile's product is a contiguous block of rows of out^T.
+    out_t = torch.empty(out_features, m, dtype=x.dtype)
+    tile = torch.empty(min(TILE_ROWS, max(s.shape[0] for s in shards)), k, dtype=x.dtype)
+    x_t = x.t()
+    row = 0
+    for shard, qtype in zip(shards, types):
+        for start in range(0, shard.shape[0], TILE_ROWS):
+            part = shard[start : start + TILE_ROWS]
+            n = part.shape[0]
+            gguf_native.dequantize_rows(part, qtype, k, tile[:n])
+            torch.mm(tile[:n], x_t, out=out_t[row : row + n])
+            row += n
+    return out_t.t().contiguous()
+
+
+def _gguf_linear_fake(
+    x: torch.Tensor, shards: list[torch.Tensor], types: list[int], out_features: int
+) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
+_LIBRARY = torch.library.Library("pagedllm", "FRAGMENT")
+_LIBRARY.define("gguf_linear(Tensor x, Tensor[] shards, int[] types, int out_features) -> Tensor")
+_LIBRARY.impl("gguf_linear", gguf_linear, "CompositeExplicitAutograd")
+torch.library.register_fake("pagedllm::gguf_linear", _gguf_linear_fake, lib=_LIBRARY)
+
+
+def _product(
+    x: torch.Tensor, shards: Sequence[torch.Tensor], types: Sequence[int], out_features: int
+) -> torch.Tensor:
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.ops.pagedllm.gguf_linear(rows, list(shards), list(types), out_features)
+    return out.reshape(*x.shape[:-1], out_features)
+
+
+def check_packed(tensor: torch.Tensor, rows: int, k: int) -> int:
+    """The ggml type of a loaded packed tensor, after checking it holds `rows` rows of `k` elements."""
+    qtype = getattr(tensor, "ggml_type", None)
+    if tensor.dtype != torch.uint8 or qtype is None:
+        raise ValueError("expected a GGUF tensor kept packed (the GGUF loader yields them)")
+    expected = gguf_native.row_bytes(qtype, k)
+    if tensor.dim() != 2 or tensor.shape[0] != rows or tensor.shape[1] != expected:
+        raise ValueError(
+            f"packed shape {tuple(tensor.shape)} is not {rows} rows of {k} elements of ggml type {qtype} "
+            f"({expected} bytes each)"
+        )
+    return int(qtype)
+
+
+def _placeholder(loader: WeightLoader) -> nn.Parameter:
+    return set_weight_loader(nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False), loader)
+
+
+class GGUFLinearMethod(LinearMethodBase):
+    """A linear layer whose weight parts stay GGUF blocks (see the module docstring)."""
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+    ) -> None:
+        if layer.tp_size != 1:
+            raise ValueError("GGUF layers kept quantized run on one tensor-parallel rank")
+        layer.gguf_sizes = list(output_partition_sizes)
+        layer.gguf_types = [-1] * len(output_partition_sizes)
+        # Only the name the loader looks up (`<module>.qweight`); the parts land in buffers.
+        layer.register_parameter(
+            "qweight", _placeholder(lambda p, w, shard_id=None: self._load(layer, w, shard_id))
+        )
+
+    def _load(self, layer: nn.Module, tensor: torch.Tensor, shard_id: str | int | None) -> None:
+        sizes = layer.gguf_sizes
+        if shard_id is None:
+            if len(sizes) != 1:  # a file that stores the parts fused (Phi-3): one part of all rows
+                layer.gguf_sizes = sizes = [sum(sizes)]
+                layer.gguf_types = [-1]
+            index = 0
+        else:
+            index = "qkv".index(shard_id) if isinstance(shard_id, str) else shard_id
+            if not 0 <= index < len(sizes):
+                raise ValueError(f"unknown shard {shard_id!r} of {len(sizes)} fused parts")
+        layer.gguf_types[index] = check_packed(tensor, sizes[index], layer.input_size_per_partition)
+        layer.register_buffer(f"qweight_{index}", tensor, persistent=False)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        missing = [i for i, t in enumerate(layer.gguf_types) if t < 0]
+        if missing:
+            raise ValueError(f"{layer.prefix}: GGUF parts {missing} were not loaded")
+
+    def constants(self, layer: nn.Module) -> tuple[object, ...]:
+        return (*layer.gguf_types, *layer.gguf_sizes)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shards = [getattr(layer, f"qweight_{i}") for i in range(len(layer.gguf_types))]
+        out = _product(x, shards, layer.gguf_types, layer.output_size_per_partition)
+        return out if bias is None else out + bias
+
+    def weight_bytes(self, layer: nn.Module) -> int:
+        return sum(getattr(layer, f"qweight_{i}").numel() for i in range(len(layer.gguf_types)))
+
+
+class GGUFEmbeddingMethod(QuantizeMethodBase):
+    """The token embedding kept as GGUF blocks: a lookup dequantizes only the rows it gathers; as the
+    (tied or own) LM head, the quantized product. A tied head shares the `qweight` parameter."""
+
+    def create_weights(self, layer: nn.Module) -> None:
+        layer.register_parameter("qweight", _placeholder(self._load))
+
+    def _load(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"an embedding has no shard {shard_id!r}")
+        # Read by every module sharing the parameter (a tied LM head) after loading.
+        param.ggml_type = check_packed(tensor, param.num_rows, param.embedding_dim)  # type: ignore[attr-defined]
+        param.data = tensor
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        layer.gguf_type = layer.qweight.ggml_type
+
+    def embedding(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        ids = input_ids.reshape(-1).to(torch.int64).contiguous()
+        out = torch.empty(ids.numel(), layer.embedding_dim, dtype=layer.gguf_dtype)
+        gguf_native.dequantize_rows(layer.qweight, layer.gguf_type, layer.embedding_dim, out, ids)
+        return out.reshape(*input_ids.shape, layer.embedding_dim)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return _product(x, [layer.qweight], [layer.gguf_type], layer.num_embeddings)
+
+
+def embedding_method(layer: nn.Module) -> GGUFEmbeddingMethod:
+    """The method of a GGUF embedding `layer` (its qweight knows its own shape for the load check)."""
+    method = GGUFEmbeddingMethod()
+    method.create_weights(layer)
+    # The activation dtype: the loader builds the model under its target default dtype.
+    layer.gguf_dtype = torch.get_default_dtype()
+    layer.qweight.num_rows = layer.num_embeddings
+    layer.qweight.embedding_dim = layer.embedding_dim
+    return method
