@@ -16,6 +16,7 @@ from pagedllm.core.hashing import BlockHash, get_hash_function, get_request_bloc
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.kv_events import MEDIUM_DISK, KVEventBatch, KVEventRecorder, external_block_hash
 from pagedllm.core.request import Request
+from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
@@ -26,7 +27,8 @@ HASHER = get_request_block_hasher(CacheConfig(block_size=BS))
 
 
 def req(req_id: str, tokens: list[int], lora_int_id: int = 0) -> Request:
-    return Request(req_id, tokens, SamplingParams(max_tokens=4), None, lora_int_id=lora_int_id, block_hasher=HASHER)
+    lora = LoRARequest(f"lora{lora_int_id}", lora_int_id, "/adapters") if lora_int_id else None
+    return Request(req_id, tokens, SamplingParams(max_tokens=4), None, lora_request=lora, block_hasher=HASHER)
 
 
 def admit(kv: KVCacheManager, r: Request) -> bool:
