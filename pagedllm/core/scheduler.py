@@ -104,6 +104,9 @@ class Scheduler:
         self.waiting = RequestQueue(self.policy)
         # Admission order; fcfs preempts from the end.
         self.running: list[Request] = []
+        # Set while a weight update waits for the running requests to finish: the waiting ones are
+        # held, so they start on the new weights.
+        self.hold_waiting = False
         # Finished since the last schedule(): the runner drops their state on the next step.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
@@ -358,7 +361,7 @@ class Scheduler:
         kv = self.kv_cache_manager
         scheduled: list[Request] = []
         loras = {r.lora_int_id for r in self.running if r.lora_int_id} if self.max_loras else set()
-        while self.waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and not self.hold_waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek()
             if (
                 self.max_loras

@@ -4,7 +4,10 @@ named worker calls (`collective_rpc`). Front-ends reach them through `call_utili
 
 Sleep and weight updates need an idle engine (no unfinished request): a request half computed with
 released KV blocks, or with the old weights for its prompt and the new ones for its output, would be
-wrong without an error. While the engine sleeps it refuses new requests (`EngineSleepingError`).
+wrong without an error. The engine core process defers a weight update that meets unfinished requests:
+the running ones finish on the old weights while the scheduler holds the waiting and new ones
+(`hold_waiting`), which then start on the new weights (like vLLM, a request preempted before the update
+resumes on them). While the engine sleeps it refuses new requests (`EngineSleepingError`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pagedllm.engine.utility import (
+    DRAINING_METHODS,
     EngineSleepingError,
     check_rpc_method,
     check_sleep_level,
@@ -43,12 +47,28 @@ class EngineCoreOps:
         """Run the utility `method` (one of `UTILITY_METHODS`) with its arguments."""
         return getattr(self, check_utility_method(method))(*args, **(kwargs or {}))
 
-    def _require_idle(self, what: str) -> None:
-        n = self.scheduler.get_num_unfinished_requests()
+    def _require_idle(self, what: str, held_ok: bool = False) -> None:
+        """Raise unless no request is unfinished (`held_ok`: none is running, and the scheduler holds
+        the waiting ones: they start after `what`)."""
+        scheduler = self.scheduler
+        held = held_ok and scheduler.hold_waiting
+        n = len(scheduler.running) if held else scheduler.get_num_unfinished_requests()
         if n:
             raise ValueError(
                 f"{what} needs an idle engine: {n} requests are unfinished (wait for them or abort them)"
             )
+
+    def defers(self, method: str) -> bool:
+        """Whether `method` must wait for the running requests: a weight update on a busy engine. The
+        scheduler then holds the waiting and new requests (they start on the new weights) until the
+        caller ran it, once no request is running, and called `release_held_requests`."""
+        if method in DRAINING_METHODS and self.scheduler.has_unfinished_requests():
+            self.scheduler.hold_waiting = True
+            return True
+        return False
+
+    def release_held_requests(self) -> None:
+        self.scheduler.hold_waiting = False
 
     def check_awake(self) -> None:
         if self._asleep:
@@ -116,7 +136,7 @@ class EngineCoreOps:
         if "weights" in self._asleep:
             # Level 2 released them: wake them first (then this update replaces what was reloaded).
             raise ValueError("the weights are asleep: call wake_up(tags=['weights']) before a weight update")
-        self._require_idle("a weight update")
+        self._require_idle("a weight update", held_ok=True)
         loaded = self.model_executor.collective_rpc(method, args=(arg,))[0]
         if not self.scheduler.reset_prefix_cache():
             raise RuntimeError("the prefix cache could not be reset after the weight update")

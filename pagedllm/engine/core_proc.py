@@ -98,6 +98,9 @@ class EngineCoreProc:
         # Whether the last stats sent described a busy core: once idle, one more stats message goes out
         # so that the front-end's gauges (running, KV usage) return to their idle values.
         self._sent_busy_stats = False
+        # Utility calls waiting for the running requests to finish (`EngineCore.defers`), kept in order:
+        # any call behind a deferred one waits too.
+        self._deferred: list[UtilityCall] = []
         self._ctx = zmq.Context()
         self._input_thread = threading.Thread(
             target=self._input_loop, args=(input_addr,), name="EngineCoreInput", daemon=True
@@ -183,7 +186,10 @@ class EngineCoreProc:
             # EngineCore reports a refused request in the next step's `errors`; it never raises here.
             self.core.add_request(message)
         elif kind is InputKind.UTILITY:
-            self.output_queue.put((OutputKind.UTILITY, self._run_utility(message)))
+            if self._deferred or self.core.defers(message.method):
+                self._deferred.append(message)
+            else:
+                self.output_queue.put((OutputKind.UTILITY, self._run_utility(message)))
         else:
             self.core.abort_requests(message)
 
@@ -202,12 +208,16 @@ class EngineCoreProc:
             return UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}", bad_request=bad_request)
 
     def _process_engine_step(self) -> None:
-        if not self.core.has_unfinished_requests():
-            return
-        outputs = self.core.step()
-        if outputs.outputs or outputs.errors or outputs.scheduler_stats is not None:
-            self._sent_busy_stats = True
-            self.output_queue.put((OutputKind.OUTPUTS, outputs))
+        if self.core.has_unfinished_requests():
+            outputs = self.core.step()
+            if outputs.outputs or outputs.errors or outputs.scheduler_stats is not None:
+                self._sent_busy_stats = True
+                self.output_queue.put((OutputKind.OUTPUTS, outputs))
+        if self._deferred and not self.core.scheduler.running:
+            for call in self._deferred:
+                self.output_queue.put((OutputKind.UTILITY, self._run_utility(call)))
+            self._deferred.clear()
+            self.core.release_held_requests()
 
     def _send_idle_stats(self) -> None:
         if not self._sent_busy_stats:

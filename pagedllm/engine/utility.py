@@ -14,6 +14,11 @@ SLEEP_LEVELS = (1, 2)
 # What a sleeping engine released and `wake_up(tags=...)` restores.
 SLEEP_TAGS = ("weights", "kv_cache")
 
+# Utilities that, on a busy engine, wait for the running requests to finish while the waiting and new
+# ones are held (`EngineCoreOps.defers`; the engine core process does it, in-process callers get
+# "needs an idle engine").
+DRAINING_METHODS = frozenset({"update_weights", "update_weights_from_disk"})
+
 # The EngineCore methods a front-end may call by name.
 UTILITY_METHODS = frozenset(
     {

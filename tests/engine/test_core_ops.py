@@ -69,6 +69,36 @@ def test_update_needs_idle_engine_and_awake_weights(llm: LLM, two_tiny_llms: tup
     assert _greedy(llm) == hf_greedy(two_tiny_llms[1], [PROMPT], MAX_TOKENS)[0]
 
 
+def test_deferred_update_holds_waiting_requests_until_running_ones_finish(
+    llm: LLM, two_tiny_llms: tuple[Path, Path]
+) -> None:
+    """What the engine core process does with a weight update on a busy engine: the running request
+    finishes on the old weights, a request arriving meanwhile is held and runs on the new ones."""
+    first, second = two_tiny_llms
+    engine, core = llm.llm_engine, llm.llm_engine.engine_core.core  # type: ignore[attr-defined]
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    llm.update_weights_from_disk(str(first))  # whatever the tests before left
+    assert not core.defers("update_weights_from_disk")  # idle: runs at once
+    engine.add_request("running", {"prompt_token_ids": PROMPT}, params)
+    tokens: dict[str, list[int]] = {}
+    engine.step()
+    assert not core.defers("sleep") and core.defers("update_weights_from_disk")
+    engine.add_request("held", {"prompt_token_ids": PROMPT}, params)
+    try:
+        while core.scheduler.running:
+            for out in engine.step():
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+        assert "held" not in tokens and core.scheduler.get_num_unfinished_requests() == 1
+        core.call_utility("update_weights_from_disk", (str(second),))
+    finally:
+        core.release_held_requests()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] = list(out.outputs[0].token_ids)
+    assert tokens["running"] == hf_greedy(first, [PROMPT], MAX_TOKENS)[0]
+    assert tokens["held"] == hf_greedy(second, [PROMPT], MAX_TOKENS)[0]
+
+
 def test_sleep_mode_must_be_enabled(two_tiny_llms: tuple[Path, Path]) -> None:
     llm = LLM(model=str(two_tiny_llms[0]), dtype="float32", max_model_len=128, enforce_eager=True)
     with pytest.raises(ValueError, match="sleep mode is not enabled"):
