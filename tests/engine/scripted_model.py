@@ -34,8 +34,9 @@ def fake_engine_config(**sub_configs: Any) -> Any:
         "scheduler_config": SchedulerConfig(),
         "logging_config": LoggingConfig(),
         "observability_config": ObservabilityConfig(),
-        # Read by the watermark support check (no watermark, no speculation here).
+        # No watermark, speculation or adapters here.
         "watermark_config": None,
         "speculative_config": None,
+        "lora_config": None,
     }
     return SimpleNamespace(**{**defaults, **sub_configs})
