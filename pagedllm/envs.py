@@ -117,6 +117,14 @@ _VARS: list[EnvVar] = [
     ),
     EnvVar("NCCL_GRAPH_REGISTER", _str, "NCCL's buffer registration in graphs; read to warn when it is on."),
     EnvVar("OMP_NUM_THREADS", _str, "OpenMP threads; when unset the CPU worker sets torch's thread count."),
+    EnvVar(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        _str,
+        "OpenTelemetry's OTLP protocol for request traces: grpc (default) or http/protobuf.",
+    ),
+    EnvVar("WORLD_SIZE", _str, "Ranks a launcher (torchrun) started; read by the external_launcher backend."),
+    EnvVar("RANK", _str, "This process's global rank, set by the launcher (external_launcher backend)."),
+    EnvVar("LOCAL_RANK", _str, "This process's rank on its node, set by the launcher (external_launcher)."),
 ]
 
 REGISTRY: dict[str, EnvVar] = {v.name: v for v in _VARS}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pagedllm.entrypoints.logger import RequestLogger
+from pagedllm.engine.request_logger import RequestLogger
 from pagedllm.metrics.tracing import RequestTracer, flush_traces
 
 if TYPE_CHECKING:

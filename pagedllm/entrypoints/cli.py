@@ -37,7 +37,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "serve": Subcommand("pagedllm.entrypoints.serve", "Start the OpenAI-compatible API server."),
     "bench": Subcommand("pagedllm.benchmarks.cli", "Benchmarks: throughput, latency, serve."),
     "disagg-proxy": Subcommand(
-        "pagedllm.entrypoints.disagg_proxy", "Proxy for disaggregated prefill (prefill and decode instances)."
+        "pagedllm.entrypoints.disagg_proxy", "Disaggregated prefill proxy."
     ),
     "watermark": Subcommand("pagedllm.entrypoints.watermark_cmd", "Detect output watermarks."),
 }

@@ -10,13 +10,13 @@ process group comes from the launcher's environment (`RANK`, `LOCAL_RANK`, `WORL
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from pagedllm import envs
 from pagedllm.executor.uniproc import UniProcExecutor
 from pagedllm.worker.worker import Worker
 
@@ -24,13 +24,13 @@ from pagedllm.worker.worker import Worker
 class ExternalLauncherExecutor(UniProcExecutor):
     def _make_worker(self) -> Worker:
         world = self.engine_config.parallel_config.world_size
-        launched = int(os.environ.get("WORLD_SIZE", "0"))
-        if launched != world or "RANK" not in os.environ:
+        launched = int(envs.WORLD_SIZE or "0")
+        if launched != world or envs.RANK is None:
             raise ValueError(
                 f"distributed_executor_backend='external_launcher' needs a launcher (torchrun) to start "
                 f"tensor_parallel_size x pipeline_parallel_size = {world} ranks; WORLD_SIZE={launched or 'unset'}"
             )
-        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        rank, local_rank = int(envs.RANK), int(envs.LOCAL_RANK or "0")
         return Worker(self.engine_config, rank, local_rank, distributed_init_method="env://")
 
     def collective_rpc(

@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from pagedllm import envs
 
 if TYPE_CHECKING:
     from pagedllm.config.observability import ObservabilityConfig
@@ -84,7 +85,7 @@ def _provider(endpoint: str) -> Any:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    protocol = envs.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or "grpc"
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     elif protocol == "http/protobuf":

@@ -266,7 +266,7 @@ def test_request_log_of_the_server_front_end(tokenizer: Any, caplog: pytest.LogC
             pass
 
     config = fake_engine_config(logging_config=LoggingConfig(enable_log_requests=True, max_log_len=2))
-    with caplog.at_level(logging.INFO, logger="pagedllm.entrypoints.logger"):
+    with caplog.at_level(logging.INFO, logger="pagedllm.engine.request_logger"):
         run(tokenizer, scenario, config, log_requests=True)
         lines = [r.getMessage() for r in caplog.records]
         assert lines[0].startswith("Received request r: prompt: 'Co', params: SamplingParams(")

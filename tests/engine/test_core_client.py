@@ -158,6 +158,9 @@ async def _first_output(client: AsyncMPClient, request_id: str) -> None:
 
 
 def test_startup_failure_is_reported() -> None:
+    # Processes earlier tests left running (a Ray cluster lives for its module) are not this test's.
+    before = {p.pid for p in psutil.Process().children()}
+
     async def scenario() -> None:
         # Too small a KV cache for even one max_model_len sequence: the core refuses to start.
         with pytest.raises(RuntimeError, match="failed to start"):
@@ -168,6 +171,8 @@ def test_startup_failure_is_reported() -> None:
     leftovers = [
         p
         for p in psutil.Process().children()
-        if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline())
+        if p.pid not in before
+        and p.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(p.cmdline())
     ]
     assert leftovers == []

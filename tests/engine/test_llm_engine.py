@@ -216,7 +216,7 @@ def test_request_log_truncated_to_max_log_len(tokenizer: Any, caplog: pytest.Log
     engine = LLMEngine(config, engine_core=ScriptedCore(tokenizer.encode(SCRIPT)), tokenizer=tokenizer)  # type: ignore[arg-type]
     prompt = "Count to ten:"
     prompt_ids = tokenizer.encode(prompt)
-    with caplog.at_level(logging.INFO, logger="pagedllm.entrypoints.logger"):
+    with caplog.at_level(logging.INFO, logger="pagedllm.engine.request_logger"):
         engine.add_request("a", prompt, SamplingParams(max_tokens=6))
         engine.add_request("p", prompt, SamplingParams(n=2, max_tokens=2, temperature=0.5))
         run(engine)

@@ -109,49 +109,6 @@ def test_seeded_sampling_independent_of_batch(model_dir: Path) -> None:
     assert driver.run()["s"] != alone
 
 
-def test_drafts_are_scored_in_one_forward_and_change_nothing(
-    model_dir: Path, hf_tokens: dict[str, list[int]]
-) -> None:
-    """A request verifying k drafts gets 1 + k logits rows from the same forward; accepting none of them
-    (verification comes with a drafter), it samples exactly what it would without drafts, greedy and
-    seeded, while the rejected drafts' KV is overwritten by the following steps."""
-    seeded = SamplingParams(temperature=1.0, seed=77, max_tokens=MAX_TOKENS)
-
-    def run(with_drafts: bool) -> tuple[dict[str, list[int]], list[list[int]]]:
-        runner = make_runner(model_dir)
-        driver = RunnerDriver(runner, num_blocks=64)
-        driver.add("a", PROMPTS["a"], MAX_TOKENS)
-        driver.add("s", PROMPTS["c"], MAX_TOKENS, seeded)
-        driver.add("b", PROMPTS["b"], MAX_TOKENS)
-        rows: list[list[int]] = []
-        sample_tokens = runner.sample_tokens
-
-        def recording_sample_tokens(grammar_output: None):  # type: ignore[no-untyped-def]
-            state = runner.execute_state
-            assert state is not None and state.logits is not None
-            assert state.logits.shape[0] == state.cu_num_logits[-1]
-            rows.append(np.diff(state.cu_num_logits).tolist())
-            return sample_tokens(grammar_output)
-
-        runner.sample_tokens = recording_sample_tokens  # type: ignore[method-assign]
-        rng = np.random.default_rng(0)
-        driver.step()
-        while any(len(r.outputs) < r.max_tokens for r in driver.reqs.values()):
-            # Random drafts of 1-3 tokens for "a" and "s" ("b" decodes plainly beside them).
-            drafts = {k: rng.integers(0, 256, rng.integers(1, 4)).tolist() for k in ("a", "s")}
-            driver.step(drafts if with_drafts else None)
-        return {k: r.outputs for k, r in driver.reqs.items()}, rows
-
-    plain, plain_rows = run(False)
-    drafted, drafted_rows = run(True)
-    assert plain["a"] == hf_tokens["a"] and plain["b"] == hf_tokens["b"]
-    assert drafted == plain
-    assert all(r == [1, 1, 1] for r in plain_rows)
-    # Decode steps where "a" and "s" verified drafts scored 1 + k rows for them, 1 for "b".
-    assert any(sorted(r)[0] == 1 and sorted(r)[1] > 1 for r in drafted_rows)
-    assert sum(sum(r) for r in drafted_rows) > sum(sum(r) for r in plain_rows)
-
-
 def test_seeded_request_survives_preemption(model_dir: Path) -> None:
     def run(preempt: bool) -> list[int]:
         driver = RunnerDriver(make_runner(model_dir), num_blocks=64)

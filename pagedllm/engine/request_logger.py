@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-logger = logging.getLogger("pagedllm.entrypoints.logger")
+logger = logging.getLogger("pagedllm.engine.request_logger")
 
 _Seq = TypeVar("_Seq", str, Sequence[int])
 

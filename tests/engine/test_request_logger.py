@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from pagedllm.entrypoints.logger import RequestLogger
+from pagedllm.engine.request_logger import RequestLogger
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -19,7 +19,7 @@ def test_inputs_and_outputs_cut_to_max_log_len(
 ) -> None:
     request_logger = RequestLogger(max_log_len)
     params = SamplingParams(max_tokens=7)
-    with caplog.at_level(logging.INFO, logger="pagedllm.entrypoints.logger"):
+    with caplog.at_level(logging.INFO, logger="pagedllm.engine.request_logger"):
         request_logger.log_inputs("r1", "Hello, world", (1, 2, 3, 4, 5), params)
         request_logger.log_inputs("r2", None, None, params)
         request_logger.log_outputs("r1", "Hello, world", [1, 2, 3, 4, 5], "stop")
