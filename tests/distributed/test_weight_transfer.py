@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import socket
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,11 @@ def _trainer(target: Callable[..., None], *args: Any) -> Iterator[None]:
     trainer.start()
     try:
         yield
-        trainer.join(60)
+        # Polled, not join(): join waits on a pipe that the trainer's torch_shm_manager (file_system
+        # sharing, the ipc test) inherits and keeps open for a minute after the trainer exited.
+        deadline = time.monotonic() + 60
+        while trainer.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert trainer.exitcode == 0
     finally:
         if trainer.is_alive():
