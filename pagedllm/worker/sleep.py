@@ -20,7 +20,7 @@ import torch
 
 from pagedllm.attention.layer import attention_layers, bind_kv_cache
 from pagedllm.engine.utility import check_sleep_level, check_wake_tags
-from pagedllm.models.loader import reload_weights
+from pagedllm.models.loader import effective_quant_config, reload_weights
 from pagedllm.platforms import current_platform
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class WorkerSleep:
         level = check_sleep_level(level)
         if self.released:
             raise ValueError("the worker is already sleeping")
-        if level == 2 and self.engine_config.quant_config is not None:
+        if level == 2 and effective_quant_config(self.engine_config) is not None:
             # Refused before anything is released: wake-up could not reload them (`reload_weights`).
             raise ValueError("sleep level 2 is not supported for quantized models (use level 1)")
         runner = self.runner

@@ -142,6 +142,7 @@ def test_engine_dequantizes_gguf_unless_told_not_to(tmp_path: Path, extra: dict,
     model_loader_extra_config gguf_dequantize=false (the float path is the default)."""
     from pagedllm.config import EngineConfig, LoadConfig, ModelConfig
     from pagedllm.models import get_model
+    from pagedllm.models.loader import effective_quant_config, reload_weights
 
     path = write_llama_gguf(tmp_path / "tiny.gguf", dict.fromkeys(LINEARS, Q.Q4_0))
     engine_config = EngineConfig(
@@ -152,3 +153,11 @@ def test_engine_dequantizes_gguf_unless_told_not_to(tmp_path: Path, extra: dict,
     model = get_model(engine_config)
     method = model.model.layers[0].self_attn.qkv_proj.quant_method
     assert isinstance(method, GGUFLinearMethod) == runs_blocks
+    assert (effective_quant_config(engine_config) is not None) == runs_blocks
+    if not runs_blocks:
+        # Dequantized weights can be read again (sleep mode level 2 wakes up this way).
+        weight = model.model.layers[0].self_attn.qkv_proj.weight
+        expected = weight.detach().clone()
+        weight.data.zero_()
+        reload_weights(model, engine_config)
+        assert torch.equal(weight, expected)

@@ -38,7 +38,7 @@ from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safet
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 
-__all__ = ["ModelLoadError", "get_model", "load_model", "reload_weights"]
+__all__ = ["ModelLoadError", "effective_quant_config", "get_model", "load_model", "reload_weights"]
 
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -157,7 +157,7 @@ def _model_path(engine_config: Any) -> Path:
 def reload_weights(model: nn.Module, engine_config: Any) -> None:
     """Fill `model`'s (reallocated) parameters again from the configured checkpoint (sleep mode level 2
     wake-up). Unquantized weights only: a quantization method's post-load processing is not repeatable."""
-    if engine_config.quant_config is not None:
+    if effective_quant_config(engine_config) is not None:
         raise ModelLoadError("reloading the weights of a quantized model is not supported")
     mc = engine_config.model_config
     load_format, model_path, gguf_path = _source(
@@ -178,9 +178,7 @@ def get_model(engine_config: Any) -> nn.Module:
     if pp != 1 and not getattr(model_cls, "supports_pp", False):
         raise ModelLoadError(f"{model_cls.__name__} does not support pipeline_parallel_size > 1 (got {pp})")
     model_path = _model_path(engine_config)
-    quant_config = engine_config.quant_config
-    if quant_config is not None and quant_config.name == "gguf" and gguf_dequantize(engine_config.load_config):
-        quant_config = None  # every GGUF tensor dequantized to the model dtype at load (the default)
+    quant_config = effective_quant_config(engine_config)
     return load_model(
         mc.hf_config,
         model_path,
@@ -193,6 +191,15 @@ def get_model(engine_config: Any) -> nn.Module:
         max_positions=mc.max_model_len,
         quant_config=quant_config,
     )
+
+
+def effective_quant_config(engine_config: Any) -> Any:
+    """The quantization the loaded model runs: the config's, but None for a GGUF file whose tensors
+    are dequantized to the model dtype at load (the default, `gguf_dequantize`)."""
+    quant_config = engine_config.quant_config
+    if quant_config is not None and quant_config.name == "gguf" and gguf_dequantize(engine_config.load_config):
+        return None
+    return quant_config
 
 
 def gguf_dequantize(load_config: Any) -> bool:
