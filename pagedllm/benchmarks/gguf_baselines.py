@@ -26,10 +26,12 @@ def dequantized_args(args: argparse.Namespace) -> argparse.Namespace:
     return out
 
 
-def runs_quantized(model_config: Any, load_config: Any) -> bool:
-    from pagedllm.models.loader import gguf_dequantize
+def runs_quantized(engine_config: Any) -> bool:
+    """Whether the engine runs a GGUF file from its blocks (not dequantized at load)."""
+    from pagedllm.models.loader import effective_quant_config
 
-    return model_config.gguf_file is not None and not gguf_dequantize(load_config)
+    quant_config = effective_quant_config(engine_config)
+    return quant_config is not None and quant_config.name == "gguf"
 
 
 def quantized_bytes_per_step(gguf_file: Path, tied: bool) -> int:

@@ -125,7 +125,7 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
     step_ms = np.asarray(steps) * 1000.0
     stats = ModelStats.from_model_config(model_config)
     weight_bytes = stats.weight_bytes_per_step
-    if runs_quantized(model_config, engine.engine_config.load_config):
+    if runs_quantized(engine.engine_config):
         tied = bool(getattr(model_config.hf_text_config, "tie_word_embeddings", False))
         weight_bytes = quantized_bytes_per_step(model_config.gguf_file, tied)
     bandwidth = max(bandwidth, copy_bandwidth())
