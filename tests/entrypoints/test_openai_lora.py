@@ -130,7 +130,7 @@ def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, fi
     stream = client.completions.create(
         model="all4",
         prompt=PROMPT,
-        max_tokens=150,
+        max_tokens=480,  # long enough to still run when the unload arrives
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
@@ -145,7 +145,7 @@ def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, fi
     assert r.status_code == 400 and "in use" in r.json()["error"]["message"], r.text
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     usage = chunks[-1].usage
-    assert finish == ["length"] and usage is not None and usage.completion_tokens == 150
+    assert finish == ["length"] and usage is not None and usage.completion_tokens == 480
     info = [line for line in metrics.splitlines() if line.startswith("vllm:lora_requests_info{")]
     assert info and 'max_lora="2"' in info[0] and 'running_lora_adapters="all4"' in info[0], info
     r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "all4"})
