@@ -299,7 +299,7 @@ class AsyncLLM:
                 iteration_stats.finished_requests.append(finished)
         self.prometheus.record(outputs.scheduler_stats, iteration_stats, outputs.engine_index)
         if self.stat_logger is not None:
-            self.stat_logger.record(outputs.scheduler_stats, iteration_stats)
+            self.stat_logger.record(outputs.scheduler_stats, iteration_stats, outputs.engine_index)
 
     def _fail_all(self, error: Exception) -> None:
         for collector in self._collectors.values():

@@ -201,6 +201,17 @@ def test_log_line_while_busy_then_once_idle(caplog: pytest.LogCaptureFixture) ->
     assert stat_logger.log(now=start + 40) is None
 
 
+def test_log_line_sums_the_data_parallel_cores() -> None:
+    stat_logger = LoggingStatLogger()
+    start = stat_logger._last_log_time
+    stat_logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.5), None, 0)
+    stat_logger.record(SchedulerStats(num_running_reqs=2, kv_cache_usage=0.1), None, 1)
+    stat_logger.record(SchedulerStats(num_running_reqs=1, kv_cache_usage=0.3), None, 1)
+    line = stat_logger.log(now=start + 10)
+    assert line is not None
+    assert "Running: 4 reqs, Waiting: 1 reqs, KV cache usage: 40.0%" in line
+
+
 def test_prometheus_records_kv_connector_counters() -> None:
     prom = PrometheusStatLogger("m", max_model_len=2048)
     stats = SchedulerStats(
