@@ -55,7 +55,9 @@ class EngineCore(EngineCoreOps, LoRAOps):
                 max_loras=engine_config.lora_config.max_loras if engine_config.lora_config else None,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
-            self.kv_event_publisher = make_event_publisher(engine_config.kv_events_config)
+            self.kv_event_publisher = make_event_publisher(
+                engine_config.kv_events_config, engine_config.parallel_config.data_parallel_index
+            )
         except BaseException:
             self.model_executor.shutdown()
             raise

@@ -246,7 +246,9 @@ class ModelRunner:
         spec = self.get_kv_cache_spec()
         if self.device.type == "cpu":
             max_useful_blocks = self.max_num_reqs * self.max_num_blocks_per_req
-            return cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block)
+            pc = self.engine_config.parallel_config
+            cores = 1 if pc.data_parallel_external_lb else pc.data_parallel_size
+            return cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block, cores)
         return profile_cuda_kv_cache_budget(
             self.device, self.cache_config.gpu_memory_utilization, self.profile_run
         )
