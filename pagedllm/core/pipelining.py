@@ -16,7 +16,9 @@ What this class adds:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+
+from pagedllm.core.request import Request, RequestStatus
 
 
 class BatchPipeline:
@@ -34,14 +36,21 @@ class BatchPipeline:
         for req_id in req_ids:  # (Counter.update would add a mapping's values)
             in_flight[req_id] += 1
 
-    def finished(self, req_ids: Iterable[str]) -> None:
+    def finished(self, req_ids: Iterable[str], requests: Mapping[str, Request]) -> list[str]:
+        """A batch of `req_ids` came back: the requests whose outputs count. Not those preempted by a
+        later batch: they recompute their tokens and sample again when resumed."""
         in_flight = self._in_flight
+        current = []
         for req_id in req_ids:
             left = in_flight[req_id] - 1
             if left > 0:
                 in_flight[req_id] = left
             else:
                 del in_flight[req_id]
+            request = requests.get(req_id)
+            if request is None or request.status is not RequestStatus.PREEMPTED:
+                current.append(req_id)
+        return current
 
     def awaits_output(self, req_id: str) -> bool:
         return req_id in self._in_flight

@@ -503,14 +503,13 @@ class Scheduler:
         any_stopped = False
         for key, value in model_runner_output.kv_connector_stats.items():
             self.kv_connector_stats[key] = self.kv_connector_stats.get(key, 0.0) + value
+        req_ids: Iterable[str] = scheduler_output.num_scheduled_tokens
         if self.pipeline is not None:
-            self.pipeline.finished(scheduler_output.num_scheduled_tokens)
-        for req_id in scheduler_output.num_scheduled_tokens:
+            req_ids = self.pipeline.finished(req_ids, self.requests)
+        for req_id in req_ids:
             request = self.requests.get(req_id)
-            if request is None or request.status is RequestStatus.PREEMPTED:
-                # Aborted after it was scheduled, or (several batches in flight) preempted by a later
-                # batch: it recomputes its tokens and samples again when resumed.
-                continue
+            if request is None:
+                continue  # aborted after it was scheduled
             i = index.get(req_id)
             generated = sampled[i] if i is not None else []
             if spec_decode_tokens and generated and req_id in spec_decode_tokens:
