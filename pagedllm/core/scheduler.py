@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.kv_events import KVCacheEvent
 from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from pagedllm.core.pipelining import BatchPipeline
 from pagedllm.core.request import GrammarState, Request, RequestStatus
 from pagedllm.core.request_queue import RequestQueue
 from pagedllm.core.runner_output import ModelRunnerOutput, trim_logprobs
@@ -52,6 +53,7 @@ class Scheduler:
         enable_kv_cache_events: bool = False,
         kv_connector: KVConnectorBase | None = None,
         max_loras: int | None = None,
+        max_concurrent_batches: int = 1,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -125,6 +127,9 @@ class Scheduler:
         if kv_connector is not None:
             kv_connector.bind_scheduler(self.requests, self.kv_cache_manager)
         self.spec_stats = SpecDecodingStats()
+        # Several batches in flight (pipeline parallelism): balanced batches, and the stages that do not
+        # sample learn each step's input tokens from the scheduler output. None for one batch at a time.
+        self.pipeline = BatchPipeline(max_concurrent_batches) if max_concurrent_batches > 1 else None
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -262,6 +267,8 @@ class Scheduler:
         spec_decode_tokens: dict[str, list[int]] = {}
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
+        pipeline = self.pipeline
+        seats = self.max_num_seqs if pipeline is None else pipeline.seats(len(self.running) + len(self.waiting))
 
         # Running requests first, in admission order.
         i = 0
@@ -306,12 +313,14 @@ class Scheduler:
             scheduled_running.append(request)
             token_budget -= num_new
             i += 1
+            if len(scheduled_running) == seats:
+                break
 
         # Then waiting requests, unless this step had to preempt (the cache is full: admitting now would
         # only preempt again).
         scheduled_new: list[Request] = []
         if not preempted:
-            scheduled_new = self._schedule_waiting(token_budget, num_scheduled_tokens)
+            scheduled_new = self._schedule_waiting(token_budget, num_scheduled_tokens, seats - len(scheduled_running))
 
         # Build the output from the state before this step, then advance num_computed_tokens (the
         # tokens are in flight; the next schedule() treats them as computed).
@@ -333,6 +342,12 @@ class Scheduler:
             new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
             num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
         )
+        if pipeline is not None:
+            cached.token_ids = [
+                r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + num_scheduled_tokens[r.request_id]]
+                for r in scheduled_running
+            ]
+            pipeline.started(num_scheduled_tokens)
         for r in scheduled_running:
             r.num_computed_tokens += num_scheduled_tokens[r.request_id]
         for r in scheduled_new:
@@ -352,7 +367,9 @@ class Scheduler:
             output.kv_connector_metadata = self.kv_connector.build_connector_meta(output)
         return output
 
-    def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int]) -> list[Request]:
+    def _schedule_waiting(
+        self, token_budget: int, num_scheduled_tokens: dict[str, int], seats: int
+    ) -> list[Request]:
         """Admit waiting (and preempted) requests in policy order while budget, seats and blocks last.
         Stops at the first request that does not fit, so no request is overtaken by a later one: that
         also holds for a request whose LoRA adapter would be one more than `max_loras` running
@@ -361,8 +378,16 @@ class Scheduler:
         kv = self.kv_cache_manager
         scheduled: list[Request] = []
         loras = {r.lora_int_id for r in self.running if r.lora_int_id} if self.max_loras else set()
-        while self.waiting and not self.hold_waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and not self.hold_waiting
+            and token_budget > 0
+            and len(self.running) < self.max_num_seqs
+            and len(scheduled) < seats
+        ):
             request = self.waiting.peek()
+            if self.pipeline is not None and self.pipeline.awaits_output(request.request_id):
+                break  # preempted while in flight: resumed once that batch's tokens are in
             if (
                 self.max_loras
                 and request.lora_int_id
@@ -478,7 +503,10 @@ class Scheduler:
         any_stopped = False
         for key, value in model_runner_output.kv_connector_stats.items():
             self.kv_connector_stats[key] = self.kv_connector_stats.get(key, 0.0) + value
-        for req_id in scheduler_output.num_scheduled_tokens:
+        req_ids: Iterable[str] = scheduler_output.num_scheduled_tokens
+        if self.pipeline is not None:
+            req_ids = self.pipeline.finished(req_ids, self.requests)
+        for req_id in req_ids:
             request = self.requests.get(req_id)
             if request is None:
                 continue  # aborted after it was scheduled

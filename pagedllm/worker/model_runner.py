@@ -41,7 +41,7 @@ from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
-from pagedllm.distributed.parallel_state import get_pp_group
+from pagedllm.distributed.parallel_state import get_pp_group, max_concurrent_batches
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.lora.manager import LoRAManager
@@ -155,6 +155,9 @@ class ModelRunner:
         # Marks the end of a step's host->device input copies: the pinned host buffers are rewritten
         # next step only after it (a step that samples nothing has no other sync point).
         self._inputs_copied = torch.cuda.Event() if self.device.type == "cuda" else None
+        # Several batches in flight (pipeline parallelism): only the output rank learns the sampled
+        # tokens at once; every rank takes them from the scheduler output of the request's next step.
+        self._tokens_from_scheduler = max_concurrent_batches(engine_config.parallel_config) > 1
         # The step between execute_model and sample_tokens.
         self.execute_state: _ExecuteState | None = None
         # collect_detailed_traces "model": a span per forward (on CUDA it times the launch, not the kernels).
@@ -360,6 +363,8 @@ class ModelRunner:
             row = batch.req_id_to_row[req_id]
             batch.num_computed_tokens[row] = num_computed
             batch.append_blocks(row, new_blocks)
+        for req_id, num_computed, token_ids in zip(cached.req_ids, cached.num_computed_tokens, cached.token_ids):
+            batch.write_scheduled_tokens(batch.req_id_to_row[req_id], num_computed, token_ids)
 
     def _remove_row(self, row: int | None) -> None:
         if self.lora is not None and row is not None:
@@ -498,14 +503,17 @@ class ModelRunner:
                 logprobs[i] = token_lps[j]
         # Under pipeline parallelism the other stages have no logits but still learn the tokens.
         elif state.logits is not None or (state.pooled is None and inputs.sample_idx.size):
-            sampled, sampled_lps = sample_on_output_rank(
+            result = sample_on_output_rank(
                 lambda: self._sample(state.logits, inputs, grammar_output),
                 inputs.sample_idx.size,
+                broadcast=not self._tokens_from_scheduler,
             )
-            self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
-            for j, i in enumerate(inputs.sample_idx.tolist()):
-                sampled_token_ids[i] = [sampled[j]]
-                logprobs[i] = sampled_lps[j]
+            if result is not None:
+                sampled, sampled_lps = result
+                self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
+                for j, i in enumerate(inputs.sample_idx.tolist()):
+                    sampled_token_ids[i] = [sampled[j]]
+                    logprobs[i] = sampled_lps[j]
         if self.spec is not None:
             self.spec.sampled_req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
         model = self._require_model()
