@@ -32,6 +32,8 @@ SUPPORTED = (
     "from HF safetensors directories or GGUF files (Phi-3 GGUF without LongRoPE factors; dequantized at "
     "load, or with model_loader_extra_config gguf_dequantize=false the linear layers and the embedding / "
     "LM head of Llama-family models run from the Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K-Q6_K blocks); "
+    "4-bit AWQ (GEMM layout) and GPTQ (v1 format, with or without act-order) checkpoints, detected from "
+    "config.json's quantization_config, their linear layers run from the packed weights; "
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
