@@ -118,3 +118,20 @@ def test_missing_tensor_is_refused_naming_file_and_tensor(float_dir: Path, tmp_p
         match=r"model\.safetensors: tensor 'model\.layers\.1\.self_attn\.k_proj\.scales' is missing",
     ):
         get_model(EngineConfig(model_config=ModelConfig(model=str(tmp_path), dtype="float32")))
+
+
+def test_llm_greedy_matches_hf_generate(float_dir: Path, tmp_path: Path) -> None:
+    """The whole engine (scheduler, batched prompts, decode steps) on an act-order GPTQ checkpoint."""
+    from pagedllm import LLM, SamplingParams
+
+    hf = quantize_checkpoint(float_dir, tmp_path, "gptq", 32, act_order=True, seed=3)
+    llm = LLM(
+        model=str(tmp_path), dtype="float32", max_model_len=256, enforce_eager=True, optimization_level=0
+    )
+    prompts = ["Hello, world!", "Paged attention stores keys", "0 1 2 3"]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    tokenizer = llm.get_tokenizer()
+    for prompt, output in zip(prompts, outputs):
+        ids = tokenizer.encode(prompt)
+        expected = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids) :]
+        assert output.outputs[0].token_ids == expected.tolist()
