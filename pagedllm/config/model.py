@@ -102,10 +102,10 @@ class ModelConfig:
     """Directory Hub models are downloaded to (default: the Hugging Face cache)."""
     max_model_len: Annotated[int, Field(gt=0)] | None = None
     """Context length (prompt plus output); unset: the model's maximum."""
-    quantization: Literal["gguf", "awq", "gptq"] | None = None
+    quantization: Literal["gguf", "awq", "gptq", "fp8"] | None = None
     """Quantization method of the weights; set automatically: "gguf" for GGUF models, "awq" / "gptq"
     from an HF checkpoint's `quantization_config` (naming another method than the checkpoint's is an
-    error)."""
+    error). "fp8": an unquantized checkpoint's linear layers stored as fp8 e4m3 at load."""
     enforce_eager: bool = False
     """Run the model eagerly: no compilation, no CUDA graphs."""
     max_logprobs: Annotated[int, Field(ge=-1)] = 20
@@ -168,8 +168,9 @@ class ModelConfig:
             header = read_gguf_header(source.gguf_file)
             hf_config = hf_config_from_gguf(header)
             self.chat_template = gguf_chat_template(header)
-            if self.quantization is None:
-                self.quantization = "gguf"
+            if self.quantization not in (None, "gguf"):
+                raise ValueError(f"quantization={self.quantization!r} conflicts with GGUF file {self.model!r}")
+            self.quantization = "gguf"
         else:
             hf_config = hf_utils.load_hf_config(source.path, self.trust_remote_code, self.revision)
             if self.quantization == "gguf":

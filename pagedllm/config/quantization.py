@@ -1,8 +1,8 @@
 """Quantization methods known to the config: the resolved method object lives in
 `EngineConfig.quant_config`. pagedllm implements GGUF block quantization (kept packed and computed
 from the blocks; dequantized at load only when the loader is asked to, see `pagedllm.models.loader`)
-and 4-bit AWQ / GPTQ checkpoints (their `quantization_config` read by `maybe_update_config`); every
-other method name is rejected by ModelConfig."""
+4-bit AWQ / GPTQ checkpoints (their `quantization_config` read by `maybe_update_config`) and online
+fp8 weights from an unquantized checkpoint; every other method name is rejected by ModelConfig."""
 
 from __future__ import annotations
 
@@ -171,10 +171,31 @@ class GPTQQuantizationConfig(Int4QuantizationConfig):
         return None
 
 
+class Fp8QuantizationConfig(QuantizationConfig):
+    """Online fp8: an unquantized checkpoint's linear layers stored as float8 e4m3 with one scale per
+    output channel (`pagedllm.layers.quant.fp8`); fp8 checkpoints (`weight_scale`) are not read."""
+
+    name = "fp8"
+
+    def get_min_capability(self) -> int:
+        return 0
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        # The decoder's linear layers; the embedding and the LM head stay in the model dtype.
+        from pagedllm.layers.linear import LinearBase
+        from pagedllm.layers.quant.fp8 import Fp8OnlineLinearMethod
+
+        return Fp8OnlineLinearMethod() if isinstance(layer, LinearBase) else None
+
+
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
     "gguf": GGUFQuantizationConfig,
     "awq": AWQQuantizationConfig,
     "gptq": GPTQQuantizationConfig,
+    "fp8": Fp8QuantizationConfig,
 }
 # The methods a checkpoint's config.json names in `quantization_config.quant_method`.
 CHECKPOINT_METHODS = ("awq", "gptq")

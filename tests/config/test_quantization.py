@@ -1,7 +1,8 @@
 """AWQ / GPTQ detected from a checkpoint's `quantization_config` (config.json) as vLLM detects it: the
 method fills `quantization` and `EngineConfig.quant_config` (its group size, act-order and skipped
 modules read from the checkpoint); a `quantization` flag that contradicts the checkpoint, or names
-AWQ/GPTQ for an unquantized one, and the variants pagedllm does not read are clear errors."""
+AWQ/GPTQ for an unquantized one, and the variants pagedllm does not read are clear errors. "fp8" is
+the flag's alone (online quantization of an unquantized checkpoint)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from pagedllm.config import EngineConfig, ModelConfig
-from pagedllm.config.quantization import AWQQuantizationConfig, GPTQQuantizationConfig
+from pagedllm.config.quantization import AWQQuantizationConfig, Fp8QuantizationConfig, GPTQQuantizationConfig
 
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": True}
@@ -62,6 +63,11 @@ def test_flag_conflicting_with_the_checkpoint_is_an_error(tiny_llama_dir: Path, 
         ModelConfig(model=model, quantization="gptq")
 
 
+def test_fp8_flag_quantizes_an_unquantized_checkpoint_online(tiny_llama_dir: Path) -> None:
+    cfg = EngineConfig(model_config=ModelConfig(model=str(tiny_llama_dir), quantization="fp8"))
+    assert cfg.model_config.quantization == "fp8" and isinstance(cfg.quant_config, Fp8QuantizationConfig)
+
+
 def test_flag_on_an_unquantized_checkpoint_is_an_error(tiny_llama_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"quantization='awq' but model .* has no quantization_config"):
         ModelConfig(model=str(tiny_llama_dir), quantization="awq")
@@ -84,3 +90,8 @@ def test_unsupported_variants_are_refused(
     model = _quantized(tiny_llama_dir, tmp_path, quantization_config)
     with pytest.raises(ValueError, match=message):
         EngineConfig(model_config=ModelConfig(model=model))
+
+
+def test_other_method_on_a_gguf_file_is_an_error(smollm2_gguf: Path) -> None:
+    with pytest.raises(ValueError, match=r"quantization='awq' conflicts with GGUF file"):
+        ModelConfig(model=str(smollm2_gguf), quantization="awq")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from int4_checkpoints import quantize_checkpoint
 from safetensors.torch import load_file, save_file
-from test_gguf_quantized import _greedy
+from test_gguf_quantized import assert_greedy_like_hf
 from tiny_llm import make_tiny_llm
 
 from pagedllm.config import EngineConfig, ModelConfig
@@ -67,12 +67,7 @@ def test_engine_matches_hf_on_dequantized_weights(
         0, hf.config.vocab_size, (20,), generator=torch.Generator().manual_seed(0)
     ).tolist()
     # 20 tokens: the prompt runs the dequantized-tile path, each decode step the native kernel.
-    tokens, logprobs = _greedy(model, prompt)
-    with torch.no_grad():
-        hf_logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :]
-    hf_logprobs = torch.log_softmax(hf_logits.float(), -1)
-    assert tokens == hf_logprobs.argmax(-1).tolist()
-    assert (logprobs - hf_logprobs).abs().max() < LOGPROB_BOUND
+    assert_greedy_like_hf(model, hf, prompt, LOGPROB_BOUND)
 
 
 def test_weights_stay_packed(float_dir: Path, tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ input permutation `int4_perm` that makes groups contiguous (the activations are 
 
 The product (`torch.ops.pagedllm.int4_linear`, opaque to torch.compile) picks its path by the number of
 activation rows: up to `MATMUL_MAX_ROWS`, the native kernel that widens nibbles in registers (decode);
-above, tiles of `TILE_ROWS` weight rows dequantized to float32 and multiplied by torch's
-GEMM (prompts), which wins once a tile's dequantization is spread over enough rows.
+above, tiles of weight rows dequantized to float32 and multiplied by torch's GEMM (`tiles`,
+prompts), which wins once a tile's dequantization is spread over enough rows.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pagedllm.layers.quant.int4_layouts import (
     packed_shapes,
 )
 from pagedllm.layers.quant.int4_native import Int4Weight
+from pagedllm.layers.quant.tiles import tiled_product
 
 if TYPE_CHECKING:
     from pagedllm.config.quantization import Int4QuantizationConfig
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 # 3072 x 576 layer, group 64, on a 2-core AVX2 machine, one thread, float32 and bfloat16 activations
 # alike: at 12 rows kernel 3.3 ms vs tiles 4.4 ms, at 16 rows 4.8 vs 3.3; one row 0.42 vs 1.9 ms).
 MATMUL_MAX_ROWS = 12
-# Weight rows dequantized per GEMM tile: ~0.5-2 MB of float tile for common widths, cache-resident.
-TILE_ROWS = 256
 
 
 def int4_linear(
@@ -59,19 +58,11 @@ def int4_linear(
         if m:
             int4_native.matmul(x.float().contiguous(), Int4Weight(qweight, scales, zeros, group), out)
         return out.to(x.dtype)
-    # float32 tiles whatever the activations: on CPUs without bf16 matrix instructions torch's float32
-    # GEMM is several times its bfloat16 one (measured: 32 x 576 x 3072 in 3.9 vs 23.6 ms).
-    x_t = x.float().t()
-    # Transposed output: each tile's product is a contiguous block of rows of out^T.
-    out_t = torch.empty(n, m, dtype=torch.float32)
-    tile = torch.empty(min(TILE_ROWS, n), x.shape[1], dtype=torch.float32)
-    for start in range(0, n, TILE_ROWS):
-        rows = slice(start, start + TILE_ROWS)
-        part = Int4Weight(qweight[rows], scales[rows], zeros[rows], group)
-        count = part.qweight.shape[0]
-        int4_native.dequantize_rows(part, tile[:count])
-        torch.mm(tile[:count], x_t, out=out_t[rows])
-    return out_t.t().to(x.dtype).contiguous()
+
+    def widen(rows: slice, tile: torch.Tensor) -> None:
+        int4_native.dequantize_rows(Int4Weight(qweight[rows], scales[rows], zeros[rows], group), tile)
+
+    return tiled_product(x, n, widen)
 
 
 def _int4_linear_fake(
