@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedllm.layers.quant import fp8
 from pagedllm.layers.quant.fp8 import FP8, fp8_linear, quantize_rows
 from pagedllm.layers.quant.tiles import TILE_ROWS
 
@@ -33,3 +34,12 @@ def test_product_matches_dequantized_matmul(rows: int, dtype: torch.dtype) -> No
     expected = x.float() @ (q.float() * scale[:, None]).t()
     tolerance = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 5e-2}
     torch.testing.assert_close(out.float(), expected, **tolerance)
+
+
+def test_without_the_kernel_torch_widens_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    q, scale = quantize_rows(torch.randn(TILE_ROWS + 8, 64))
+    x = torch.randn(3, 64)
+    assert fp8.library() is not None
+    with_kernel = fp8_linear(x, q, scale)
+    monkeypatch.setattr(fp8, "library", lambda: None)
+    assert torch.equal(fp8_linear(x, q, scale), with_kernel)

@@ -3,20 +3,48 @@ is loaded as usual, then stored as float8 e4m3 with one float32 scale per output
 magnitude maps to e4m3's largest, 448), and the float weight is dropped.
 
 The product (`torch.ops.pagedllm.fp8_linear`, opaque to torch.compile) widens tiles of weight rows to
-float32 and multiplies them with torch's GEMM (`tiles`), for every step size: one row of fp8 costs a
-quarter of float32's bytes to keep, but each step widens it again.
+float32 (a lookup-table C kernel, fp8_kernels.c) and multiplies them with torch's GEMM (`tiles`), for
+every step size: fp8 costs a quarter of float32's bytes to keep, but each step widens it again.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+from pathlib import Path
+
 import torch
 from torch import nn
 
+from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.linear import UnquantizedLinearMethod
 from pagedllm.layers.quant.tiles import TILE_ROWS, tiled_product
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
+SOURCE = Path(__file__).with_name("fp8_kernels.c")
+# The float value of each fp8 bit pattern, the kernel's lookup table.
+_VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The widening kernel (fp8_kernels.c), or None without a C compiler (torch's copy then widens)."""
+    lib = cpu_decode.load_native("fp8_kernels", [SOURCE], "fp8 widening kernel", "fp8 layers widen slowly")
+    if lib is not None:
+        lib.fp8_widen_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
+        lib.fp8_widen_rows.restype = None
+    return lib
+
+
+def widen_rows(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
+    """`out` (contiguous float32 [rows, in]) = `weight` (contiguous e4m3 rows) * `scale[:, None]`."""
+    lib = library()
+    if lib is None:
+        out.copy_(weight).mul_(scale[:, None])
+        return
+    n, k = weight.shape
+    lib.fp8_widen_rows(weight.data_ptr(), scale.data_ptr(), _VALUES.data_ptr(), n, k, out.data_ptr())
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +64,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> to
     """`x @ W^T` for `x` [M, in] and W = weight (e4m3 [out, in]) * scale[:, None]."""
 
     def widen(rows: slice, tile: torch.Tensor) -> None:
-        tile.copy_(weight[rows]).mul_(scale[rows, None])
+        widen_rows(weight[rows], scale[rows], tile)
 
     return tiled_product(x, weight.shape[0], widen)
 
