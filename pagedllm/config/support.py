@@ -1,7 +1,7 @@
 """The single gate between what the configuration can express and what pagedllm implements.
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
-not have (data/context parallelism, DBO, engram, diffusion, the draft-model and EAGLE drafters, ...).
+not have (data/context parallelism, DBO, engram, diffusion, the EAGLE drafters, ...).
 Their sub-configs and rules exist so that the spec's algorithms (CUDA-graph capture sizes with
 speculative decode, lookahead slots, KV offloading -> connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
 error, never a silently ignored flag. So `EngineConfig.__post_init__` runs the whole construction and
@@ -48,7 +48,7 @@ SUPPORTED = (
     "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
     "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
-    "speculative decoding with the ngram and suffix methods; "
+    "speculative decoding with the ngram, suffix and draft_model methods; "
     "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
@@ -287,6 +287,10 @@ def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
             spec.method not in IMPLEMENTED_METHODS,
             f"speculative_config.method={spec.method!r} (speculative decoding methods other than "
             f"{', '.join(IMPLEMENTED_METHODS)})",
+        ),
+        (
+            spec.uses_draft_model() and not spec.model,
+            "speculative_config.method='draft_model' without speculative_config.model (the draft model)",
         ),
         (spec.parallel_drafting, "speculative_config.parallel_drafting (parallel drafting)"),
         (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),

@@ -53,6 +53,7 @@ class EngineCore(EngineCoreOps, LoRAOps):
                 enable_kv_cache_events=_kv_events_enabled(engine_config),
                 kv_connector=create_connector(engine_config, KVConnectorRole.SCHEDULER, self.kv_cache_spec),
                 max_loras=engine_config.lora_config.max_loras if engine_config.lora_config else None,
+                num_lookahead_tokens=engine_config.num_lookahead_tokens,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
             self.kv_event_publisher = make_event_publisher(engine_config.kv_events_config)

@@ -126,7 +126,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs(self.device)
         spec = engine_config.speculative_config
-        self.spec = None if spec is None else SpecDecodeRunner(spec, self.max_num_reqs, self.max_model_len)
+        self.spec = None if spec is None else SpecDecodeRunner(engine_config, self.max_num_reqs, self.max_model_len)
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
@@ -163,6 +163,8 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
+        if self.spec is not None:
+            self.spec.load_model()
         lora_config = self.engine_config.lora_config
         if lora_config is not None:  # wraps the projections before any forward is built around them
             self.lora = LoRAManager(
@@ -241,15 +243,19 @@ class ModelRunner:
         """Bytes the KV cache may take: `kv_cache_memory_bytes` when set; else on CPU a share of the
         available RAM, on CUDA `gpu_memory_utilization * total` minus what a profiling forward at
         `max_num_batched_tokens` used."""
-        if self.cache_config.kv_cache_memory_bytes is not None:
-            return int(self.cache_config.kv_cache_memory_bytes)
         spec = self.get_kv_cache_spec()
-        if self.device.type == "cpu":
+        if self.cache_config.kv_cache_memory_bytes is not None:
+            budget = int(self.cache_config.kv_cache_memory_bytes)
+        elif self.device.type == "cpu":
             max_useful_blocks = self.max_num_reqs * self.max_num_blocks_per_req
-            return cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block)
-        return profile_cuda_kv_cache_budget(
-            self.device, self.cache_config.gpu_memory_utilization, self.profile_run
-        )
+            budget = cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block)
+        else:
+            budget = profile_cuda_kv_cache_budget(
+                self.device, self.cache_config.gpu_memory_utilization, self.profile_run
+            )
+        # A draft model's cache takes its share of the budget (as many blocks as the target's).
+        share = 1.0 if self.spec is None else self.spec.kv_cache_share(spec.bytes_per_block, self.kv_cache_dtype)
+        return int(budget * share)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -284,6 +290,8 @@ class ModelRunner:
             for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
         ]
         bind_kv_cache(model, self.kv_caches)
+        if self.spec is not None:
+            self.spec.initialize_kv_cache(num_blocks, self.kv_cache_dtype)
         compiled = isinstance(self._forward, CompiledForward)
         layers = attention_layers(model)
         builder_cls = backend.get_builder_cls() if layers else EncoderOnlyMetadataBuilder
@@ -340,6 +348,8 @@ class ModelRunner:
                 self.pooling.forget(req_id)
         for req_id in so.preempted_req_ids:
             self._remove_row(batch.remove_request(req_id))
+            if self.spec is not None:
+                self.spec.preempted(req_id)
         for new in so.scheduled_new_reqs:
             row = batch.add_request(new)
             if self.lora is not None:
@@ -536,7 +546,7 @@ class ModelRunner:
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         """The drafter's proposals for the next step (req_id -> draft tokens); None without a
         speculative method."""
-        return None if self.spec is None else self.spec.propose(self.input_batch)
+        return None if self.spec is None else self.spec.propose(self.input_batch, self.generators)
 
     def _verify(
         self, state: _ExecuteState, grammar_output: GrammarOutput | None

@@ -47,6 +47,10 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
             "speculative_config",
         ),
         (
+            {"speculative_config": SpeculativeConfig(method="draft_model", num_speculative_tokens=2)},
+            "speculative_config.method='draft_model' without speculative_config.model",
+        ),
+        (
             {"kv_transfer_config": KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")},
             "kv_connector",
         ),
