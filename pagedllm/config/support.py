@@ -48,7 +48,8 @@ SUPPORTED = (
     "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
     "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
-    "speculative decoding with the ngram, suffix and draft_model methods; "
+    "speculative decoding with the ngram, suffix, draft_model and eagle (EAGLE-1 heads of Llama-family "
+    "targets) methods; "
     "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
@@ -289,8 +290,8 @@ def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
             f"{', '.join(IMPLEMENTED_METHODS)})",
         ),
         (
-            spec.uses_draft_model() and not spec.model,
-            "speculative_config.method='draft_model' without speculative_config.model (the draft model)",
+            spec.method in ("draft_model", "eagle") and not spec.model,
+            f"speculative_config.method={spec.method!r} without speculative_config.model (the draft model)",
         ),
         (spec.parallel_drafting, "speculative_config.parallel_drafting (parallel drafting)"),
         (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),

@@ -15,9 +15,9 @@ import numpy as np
 from pagedllm.spec_decode.ngram import NgramProposer
 from pagedllm.spec_decode.suffix import SuffixProposer
 
-# The methods with a drafter: the token-based ones here, "draft_model" in pagedllm.worker.draft_model
-# (it runs a model); the others stay rejected by config/support.py.
-IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model")
+# The methods with a drafter: the token-based ones here, the model-based ones in the worker
+# (pagedllm.worker.draft_model, pagedllm.worker.eagle); the others stay rejected by config/support.py.
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle")
 
 # The off-switch: a verification step runs at most this many target tokens (requests x (1 + drafts)).
 # Up to it a CPU forward of the decode batch costs about the same per step whatever its token count

@@ -93,25 +93,16 @@ class DraftModelProposer(ModelDrafter):
         starts = np.asarray([self._resume_position(batch, r) for r in requests], dtype=np.int64)
         ends = batch.num_tokens[[r.row for r in requests]]
         active = requests
-        for step in range(max(r.num_drafts for r in requests)):
+        for depth in range(max(r.num_drafts for r in requests)):
             rows = np.asarray([r.row for r in active], dtype=np.int64)
             hidden = self.run(batch, rows, starts, ends)
             last = torch.from_numpy(np.cumsum(ends - starts) - 1).to(hidden.device)
-            logits = model.compute_logits(hidden.index_select(0, last))
-            next_active, next_starts = [], []
-            for i, request in enumerate(active):
-                token, q = self.sample(logits[i], request)
-                drafts[request.req_id].append(token)
-                if q is not None:
-                    probs[request.req_id].append(q)
-                if step + 1 < request.num_drafts:
-                    # The draft token sits after the request's last token in its row (the runner writes
-                    # drafts there too; they are not part of the sequence).
-                    batch.token_ids[request.row, int(ends[i])] = token
-                    next_active.append(request)
-                    next_starts.append(int(ends[i]))
-            active = next_active
-            starts = np.asarray(next_starts, dtype=np.int64)
+            keep = self.draft_round(
+                batch, model.compute_logits(hidden.index_select(0, last)), active, depth, drafts, probs
+            )
+            active = [active[i] for i in keep]
+            # The next round runs each new draft (it sits at the position after the last one run).
+            starts = ends[keep]
             ends = starts + 1
         for request in requests:
             # Every draft but the last went through the model: its KV sits at n, n + 1, ...

@@ -140,5 +140,29 @@ class ModelDrafter:
         generators = {0: request.generator} if request.generator is not None else {}
         return int(random_sample(q.clone().unsqueeze(0), generators)[0]), q
 
+    def draft_round(
+        self,
+        batch: InputBatch,
+        logits: torch.Tensor,
+        active: list[DraftRequest],
+        depth: int,
+        drafts: dict[str, list[int]],
+        probs: dict[str, list[torch.Tensor]],
+    ) -> list[int]:
+        """Sample draft number `depth` of each active request from its logits row (appending to
+        `drafts` and `probs`); returns the indices of the requests that draft further, whose new draft
+        is then written after the request's tokens in its row, where the next round reads it (the
+        runner writes drafts there too; they are not part of the sequence)."""
+        keep: list[int] = []
+        for i, request in enumerate(active):
+            token, q = self.sample(logits[i], request)
+            drafts[request.req_id].append(token)
+            if q is not None:
+                probs[request.req_id].append(q)
+            if depth + 1 < request.num_drafts:
+                batch.token_ids[request.row, int(batch.num_tokens[request.row]) + depth] = token
+                keep.append(i)
+        return keep
+
     def record_probs(self, probs: dict[str, list[torch.Tensor]]) -> None:
         self.draft_probs = {req_id: torch.stack(rows) for req_id, rows in probs.items() if rows}

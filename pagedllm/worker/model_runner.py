@@ -164,7 +164,7 @@ class ModelRunner:
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
         if self.spec is not None:
-            self.spec.load_model()
+            self.spec.load_model(self.model)
         lora_config = self.engine_config.lora_config
         if lora_config is not None:  # wraps the projections before any forward is built around them
             self.lora = LoRAManager(
@@ -515,7 +515,9 @@ class ModelRunner:
                 sampled_token_ids[i] = [sampled[j]]
                 logprobs[i] = sampled_lps[j]
         if self.spec is not None:
-            self.spec.sampled_req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
+            self.spec.end_step(
+                inputs.req_ids, inputs.rows, inputs.query_start_loc, inputs.sample_idx, state.hidden, self.input_batch
+            )
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
         if self.prompt_logprobs and get_pp_group().is_last_rank:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from pagedllm.core.runner_output import LogprobsLists
 from pagedllm.core.sched_output import GrammarOutput
@@ -24,6 +25,7 @@ from pagedllm.sample.rejection_sampler import verify
 from pagedllm.spec_decode import DraftLength, make_proposer
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.draft_model import DraftModelProposer
+from pagedllm.worker.eagle import EagleProposer, TargetStep
 from pagedllm.worker.input_batch import InputBatch, RowTokens
 from pagedllm.worker.model_drafter import DraftRequest
 
@@ -93,9 +95,14 @@ def _merge_logprobs(per_row: list[LogprobsLists | None], start: int, n: int) -> 
 class SpecDecodeRunner:
     def __init__(self, engine_config: Any, max_num_reqs: int, max_model_len: int) -> None:
         spec_config = engine_config.speculative_config
-        # A draft model drafts for the whole batch at once; the token-based drafters per request.
-        self.draft_model = DraftModelProposer(engine_config) if spec_config.uses_draft_model() else None
-        self.proposer = None if self.draft_model is not None else make_proposer(spec_config)
+        # A draft model or EAGLE head drafts for the whole batch at once; the token-based drafters
+        # per request.
+        self.model_drafter: DraftModelProposer | EagleProposer | None = None
+        if spec_config.uses_draft_model():
+            self.model_drafter = DraftModelProposer(engine_config)
+        elif spec_config.method == "eagle":
+            self.model_drafter = EagleProposer(engine_config)
+        self.proposer = None if self.model_drafter is not None else make_proposer(spec_config)
         self.draft_length = DraftLength(spec_config, max_num_reqs)
         self.method: str = spec_config.rejection_sample_method
         self.max_model_len = max_model_len
@@ -106,31 +113,46 @@ class SpecDecodeRunner:
         # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
         self.acceptance: dict[str, float] = {}
 
-    def load_model(self) -> None:
-        if self.draft_model is not None:
-            self.draft_model.load_model()
+    def load_model(self, target: nn.Module) -> None:
+        if isinstance(self.model_drafter, EagleProposer):
+            self.model_drafter.load_model(target)
+        elif self.model_drafter is not None:
+            self.model_drafter.load_model()
+
+    def end_step(
+        self, req_ids: list[str], rows: np.ndarray, query_start_loc: np.ndarray, sample_idx: np.ndarray,
+        hidden: torch.Tensor, batch: InputBatch,
+    ) -> None:
+        """The step's sampling requests are the next ones to draft for; an EAGLE head reads the hidden
+        states of every token the target computed."""
+        self.sampled_req_ids = [req_ids[i] for i in sample_idx.tolist()]
+        if isinstance(self.model_drafter, EagleProposer):
+            self.model_drafter.observe(
+                TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), hidden)
+            )
 
     def kv_cache_share(self, target_bytes_per_block: int, kv_cache_dtype: torch.dtype) -> float:
         """The target's share of the KV cache budget (a draft model's cache has as many blocks)."""
-        if self.draft_model is None:
+        if self.model_drafter is None:
             return 1.0
-        draft = self.draft_model.kv_cache_spec(kv_cache_dtype).bytes_per_block
+        draft = self.model_drafter.kv_cache_spec(kv_cache_dtype).bytes_per_block
         return target_bytes_per_block / (target_bytes_per_block + draft)
 
     def initialize_kv_cache(self, num_blocks: int, kv_cache_dtype: torch.dtype) -> None:
-        if self.draft_model is not None:
-            self.draft_model.initialize_kv_cache(num_blocks, kv_cache_dtype)
+        if self.model_drafter is not None:
+            self.model_drafter.initialize_kv_cache(num_blocks, kv_cache_dtype)
 
     def preempted(self, req_id: str) -> None:
-        """A preempted request resumes in other blocks: a draft model's cache of it is gone."""
-        if self.draft_model is not None:
-            self.draft_model.forget(req_id)
+        """A preempted request resumes in other blocks: a draft model's cache of it is gone (an EAGLE
+        head keeps nothing per request: the target recomputes it and the head follows)."""
+        if self.model_drafter is not None:
+            self.model_drafter.forget(req_id)
 
     def forget(self, batch: InputBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
         self.acceptance.pop(req_id, None)
-        if self.draft_model is not None:
-            self.draft_model.forget(req_id)
+        if self.model_drafter is not None:
+            self.model_drafter.forget(req_id)
             return
         assert self.proposer is not None
         row = batch.req_id_to_row.get(req_id)
@@ -139,11 +161,12 @@ class SpecDecodeRunner:
     def propose(self, batch: InputBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
         k = self.draft_length(len(self.sampled_req_ids))
         drafts: dict[str, list[int]] = {}
-        if k == 0:
-            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes).
+        if k == 0 and not isinstance(self.model_drafter, EagleProposer):
+            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes;
+            # an EAGLE head must still read this step's hidden states).
             return drafts
         requests: list[DraftRequest] = []
-        for req_id in self.sampled_req_ids:
+        for req_id in self.sampled_req_ids if k > 0 else ():
             row = batch.req_id_to_row.get(req_id)
             if row is None:
                 continue
@@ -156,8 +179,8 @@ class SpecDecodeRunner:
             k_req = min(max(1, round(k * self.acceptance.get(req_id, 1.0))), room)
             temperature = 0.0 if params is None else params.temperature
             requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
-        if self.draft_model is not None:
-            drafts = self.draft_model.propose(batch, requests)
+        if self.model_drafter is not None:
+            drafts = self.model_drafter.propose(batch, requests)
         else:
             assert self.proposer is not None
             for r in requests:
@@ -171,7 +194,7 @@ class SpecDecodeRunner:
     ) -> torch.Tensor | None:
         """The distributions a draft model drew its drafts from, by logits row (a point mass on the
         draft where it took the argmax); None when every draft was a point mass."""
-        sampled = {} if self.draft_model is None else self.draft_model.draft_probs
+        sampled = {} if self.model_drafter is None else self.model_drafter.draft_probs
         if probs is None or not any(r in sampled for r in req_ids):
             return None
         q = torch.zeros_like(probs)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 from distribution_check import same_distribution_pvalue
+from proposal_recorder import record_proposals
 from tiny_llm import make_tiny_llm
 from transformers import AutoModelForCausalLM
 
@@ -166,19 +167,7 @@ def test_drafts_are_the_draft_models_own_greedy_continuation(
     rejected draft's, a preempted request's old blocks, a prefix hit the draft never computed, drafts
     written before a stretch of steps without drafting) would change them."""
     llm = _llm(target_dir, noisy_dir, k=3, spec=SCHEDULE, max_num_seqs=32, **ENGINE_KWARGS[engine])
-    drafter = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec.draft_model
-    proposals: list[tuple[list[int], list[int]]] = []
-    original = drafter.propose
-
-    def propose(batch: Any, requests: list[Any]) -> dict[str, list[int]]:
-        drafts = original(batch, requests)
-        for r in requests:
-            if drafts.get(r.req_id):
-                n = int(batch.num_tokens[r.row])
-                proposals.append((batch.token_ids[r.row, :n].tolist(), drafts[r.req_id]))
-        return drafts
-
-    drafter.propose = propose
+    proposals = record_proposals(llm)
     params = [SamplingParams(temperature=0.0, max_tokens=8 + 2 * i, ignore_eos=True) for i in range(20)]
     outputs, counts = _generate_counting(llm, params, PROMPTS * 5)
     assert 0 < counts["accepted"] < counts["drafted"], "the drafts must be partly rejected"

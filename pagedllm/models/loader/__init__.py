@@ -38,7 +38,7 @@ from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safet
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 
-__all__ = ["ModelLoadError", "effective_quant_config", "get_model", "load_model", "reload_weights"]
+__all__ = ["ModelLoadError", "default_dtype", "effective_quant_config", "get_model", "load_model", "reload_weights"]
 
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -74,7 +74,8 @@ def _source(
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside are `dtype` by default."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -104,7 +105,7 @@ def load_model(
     if load_format == "dummy" and quant_config is not None and quant_config.name == "gguf":
         quant_config = None  # random weights have no GGUF blocks: dense layers of the same shapes
 
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), default_dtype(dtype):
         model = model_cls(hf_config, quant_config=quant_config)
     keep_packed = accepts(model) if quant_config is not None else None
     weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path, keep_packed)
