@@ -25,17 +25,34 @@ from pagedllm.layers.embedding import VocabParallelEmbedding
 from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, build_rope
 
 
-class EagleLlamaDraft(nn.Module):
+class EagleHead(nn.Module):
+    """What EAGLE heads share: an optional embedding of their own (else the target's), the `fc` that
+    fuses the target's hidden state(s), the Llama checkpoint names."""
+
     stacked_params_mapping: ClassVar[list[tuple[str, str, str | int]]] = LlamaForCausalLM.stacked_params_mapping
     skip_weight_substrs: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: Any, fc_bias: bool, own_embedding: bool) -> None:
+    def __init__(self, config: Any, own_embedding: bool, fc_inputs: int, fc_bias: bool) -> None:
         super().__init__()
         hidden = config.hidden_size
         self.embed_tokens = (
             VocabParallelEmbedding(config.vocab_size, hidden, None, "embed_tokens") if own_embedding else None
         )
-        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
+        self.fc = nn.Linear(fc_inputs * hidden, hidden, bias=fc_bias)
+
+    def share_embedding(self, embedding: nn.Module) -> None:
+        """Use the target's embedding (a checkpoint without its own)."""
+        if self.embed_tokens is None:
+            self.embed_tokens = embedding
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed_tokens is not None, "share_embedding() first"
+        return self.embed_tokens(input_ids)
+
+
+class EagleLlamaDraft(EagleHead):
+    def __init__(self, config: Any, fc_bias: bool, own_embedding: bool) -> None:
+        super().__init__(config, own_embedding, 2, fc_bias)
         rotary = build_rope(config)
         options = LlamaForCausalLM.attention_options(config)
         self.layers = nn.ModuleList(
@@ -44,14 +61,8 @@ class EagleLlamaDraft(nn.Module):
         )
         self.layers[0].input_layernorm = nn.Identity()
 
-    def share_embedding(self, embedding: nn.Module) -> None:
-        """Use the target's embedding (a checkpoint without its own)."""
-        if self.embed_tokens is None:
-            self.embed_tokens = embedding
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        assert self.embed_tokens is not None, "share_embedding() first"
-        x = self.fc(torch.cat([self.embed_tokens(input_ids), hidden_states.to(self.fc.weight.dtype)], dim=-1))
+        x = self.fc(torch.cat([self.embed(input_ids), hidden_states.to(self.fc.weight.dtype)], dim=-1))
         residual: torch.Tensor | None = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual)

@@ -17,7 +17,7 @@ from pagedllm.spec_decode.suffix import SuffixProposer
 
 # The methods with a drafter: the token-based ones here, the model-based ones in the worker
 # (pagedllm.worker.draft_model, pagedllm.worker.eagle); the others stay rejected by config/support.py.
-IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle")
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
 
 # The off-switch: a verification step runs at most this many target tokens (requests x (1 + drafts)).
 # Up to it a CPU forward of the decode batch costs about the same per step whatever its token count

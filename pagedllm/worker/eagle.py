@@ -1,6 +1,9 @@
-"""EAGLE speculative decoding (``speculative_config.method="eagle"``): a one-layer draft head
-(`models/llama_eagle.py`) fed the target's hidden states proposes k tokens through the target's own
-LM head; the target verifies them in its next forward (`worker/spec_decode.py`).
+"""EAGLE speculative decoding (``speculative_config.method`` "eagle" and "eagle3"): a one-layer draft
+head fed the target's hidden states proposes k tokens; the target verifies them in its next forward
+(`worker/spec_decode.py`). An EAGLE-1 head (`models/llama_eagle.py`) reads the target's final hidden
+states and drafts through the target's LM head; an EAGLE-3 head (`models/llama_eagle3.py`) reads the
+residual streams entering three target layers (captured by forward pre-hooks, so the target runs
+eagerly) and has its own small-vocabulary LM head.
 
 The head keeps a paged KV cache in the target's blocks (`worker/model_drafter.py`). Its entry at
 position i is computed from token i + 1 and the target's hidden state at i, which exist only in the
@@ -20,6 +23,7 @@ there - never wrongly, the target verifies every draft.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +32,8 @@ import torch
 from torch import nn
 
 from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.models.llama_eagle import EagleLlamaDraft
+from pagedllm.models.llama_eagle import EagleHead, EagleLlamaDraft
+from pagedllm.models.llama_eagle3 import Eagle3LlamaDraft, aux_layer_ids
 from pagedllm.models.loader import ModelLoadError, default_dtype
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, read_header, safetensors_files
 from pagedllm.models.loader.weights import load_weights
@@ -53,8 +58,12 @@ class TargetStep:
 class EagleProposer(ModelDrafter):
     def __init__(self, engine_config: Any) -> None:
         super().__init__(engine_config)
-        self.target: nn.Module | None = None
+        # Draft logits in the target's vocabulary from the head's output.
+        self.compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.step: TargetStep | None = None
+        # EAGLE-3: the residual stream entering each auxiliary target layer in the last forward.
+        self.aux_layers: list[int] = []
+        self.aux_hidden: dict[int, torch.Tensor] = {}
 
     def load_model(self, target: nn.Module) -> None:
         """Load the head from its checkpoint; it shares the target's LM head (and its embedding when
@@ -75,8 +84,13 @@ class EagleProposer(ModelDrafter):
             )
         files = safetensors_files(head_config.model_path)
         names = {name for path in files for name in read_header(path)[0]}
+        own_embedding = "embed_tokens.weight" in names
+        head: EagleHead
         with torch.device(self.device), default_dtype(self.dtype):
-            head = EagleLlamaDraft(hf, fc_bias="fc.bias" in names, own_embedding="embed_tokens.weight" in names)
+            if spec.method == "eagle3":
+                head = Eagle3LlamaDraft(hf, own_embedding)
+            else:
+                head = EagleLlamaDraft(hf, fc_bias="fc.bias" in names, own_embedding=own_embedding)
         head.to(device=self.device)
         for module in head.modules():
             if isinstance(module, RotaryEmbedding):
@@ -85,10 +99,30 @@ class EagleProposer(ModelDrafter):
             load_weights(head, iterate_safetensors(files))
         head.share_embedding(target.get_submodule("model.embed_tokens"))
         self.model = head.eval()
-        self.target = target
-        logger.info("loaded EAGLE head %s (%d layers)", spec.model, hf.num_hidden_layers)
+        if isinstance(head, Eagle3LlamaDraft):
+            self.compute_logits = head.compute_logits
+            self._capture_aux_hidden(target, aux_layer_ids(hf, cfg.model_config.get_total_num_layers()))
+        else:
+            self.compute_logits = target.compute_logits
+        logger.info("loaded %s head %s (%d layers)", spec.method, spec.model, hf.num_hidden_layers)
+
+    def _capture_aux_hidden(self, target: nn.Module, layer_ids: list[int]) -> None:
+        layers = target.get_submodule("model.layers")
+        if not all(0 <= i < len(layers) for i in layer_ids):
+            raise ModelLoadError(f"EAGLE-3 auxiliary layers {layer_ids} are not all among the target's {len(layers)}")
+        self.aux_layers = layer_ids
+        for i in dict.fromkeys(layer_ids):
+
+            def capture(module: nn.Module, args: tuple[Any, ...], layer: int = i) -> None:
+                # A decoder layer's input: (positions, hidden, residual); the stream is their sum.
+                _, hidden, residual = args
+                self.aux_hidden[layer] = hidden if residual is None else hidden + residual
+
+            layers[i].register_forward_pre_hook(capture)
 
     def observe(self, step: TargetStep) -> None:
+        if self.aux_layers:
+            step.hidden = torch.cat([self.aux_hidden[i] for i in self.aux_layers], dim=-1)
         self.step = step
 
     @torch.inference_mode()
@@ -97,7 +131,7 @@ class EagleProposer(ModelDrafter):
         self.draft_probs = {}
         if step is None:
             return {}
-        assert self.target is not None
+        assert self.compute_logits is not None
         rows, starts, ends, hidden_rows = self._catch_up_ranges(batch, step)
         if not rows:
             return {}
@@ -115,7 +149,7 @@ class EagleProposer(ModelDrafter):
             return drafts
         features = features.index_select(0, torch.tensor([last_row[r.row] for r in active], device=features.device))
         for depth in range(max(r.num_drafts for r in active)):
-            keep = self.draft_round(batch, self.target.compute_logits(features), active, depth, drafts, probs)
+            keep = self.draft_round(batch, self.compute_logits(features), active, depth, drafts, probs)
             if not keep:
                 break
             active = [active[i] for i in keep]

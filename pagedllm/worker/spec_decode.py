@@ -100,7 +100,7 @@ class SpecDecodeRunner:
         self.model_drafter: DraftModelProposer | EagleProposer | None = None
         if spec_config.uses_draft_model():
             self.model_drafter = DraftModelProposer(engine_config)
-        elif spec_config.method == "eagle":
+        elif spec_config.method in ("eagle", "eagle3"):
             self.model_drafter = EagleProposer(engine_config)
         self.proposer = None if self.model_drafter is not None else make_proposer(spec_config)
         self.draft_length = DraftLength(spec_config, max_num_reqs)

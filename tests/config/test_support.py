@@ -43,8 +43,8 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
     [
         ({"lora_config": LoRAConfig(fully_sharded_loras=True)}, "fully_sharded_loras"),
         (
-            {"speculative_config": SpeculativeConfig(method="eagle3", num_speculative_tokens=2)},
-            "speculative_config.method='eagle3'",
+            {"speculative_config": SpeculativeConfig(method="mtp", num_speculative_tokens=2)},
+            "speculative_config.method='mtp'",
         ),
         (
             {"speculative_config": SpeculativeConfig(method="draft_model", num_speculative_tokens=2)},
@@ -53,6 +53,13 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
         (
             {"speculative_config": SpeculativeConfig(method="eagle", num_speculative_tokens=2)},
             "speculative_config.method='eagle' without speculative_config.model",
+        ),
+        (
+            {
+                "speculative_config": SpeculativeConfig(method="eagle3", model="head", num_speculative_tokens=2),
+                "compilation_config": CompilationConfig(mode=3),
+            },
+            "speculative_config.method='eagle3' with a compiled forward",
         ),
         (
             {"kv_transfer_config": KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")},
