@@ -82,6 +82,15 @@ class ModelDrafter:
         # The cache was (re)allocated: nothing in it is valid any more.
         self.reset()
 
+    def release_kv_cache(self) -> int:
+        """Free the cache tensors (sleep mode); returns their bytes. `initialize_kv_cache` restores them."""
+        model = self.require_model()
+        released = sum(t.numel() * t.element_size() for t in self.kv_caches)
+        self.kv_caches = []
+        bind_kv_cache(model, [torch.empty(0, device=self.device)] * len(attention_layers(model)))
+        self.reset()
+        return released
+
     def reset(self) -> None:
         """Forget every request's cache state."""
 

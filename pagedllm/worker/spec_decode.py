@@ -142,6 +142,10 @@ class SpecDecodeRunner:
         if self.model_drafter is not None:
             self.model_drafter.initialize_kv_cache(num_blocks, kv_cache_dtype)
 
+    def release_kv_cache(self) -> int:
+        """Free a model drafter's cache (sleep mode); returns its bytes."""
+        return 0 if self.model_drafter is None else self.model_drafter.release_kv_cache()
+
     def preempted(self, req_id: str) -> None:
         """A preempted request resumes in other blocks: a draft model's cache of it is gone (an EAGLE
         head keeps nothing per request: the target recomputes it and the head follows)."""

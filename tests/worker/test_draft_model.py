@@ -202,3 +202,15 @@ def test_seeded_requests_reproduce(target_dir: Path, small_dir: Path) -> None:
     params = SamplingParams(temperature=0.9, top_k=20, seed=11, max_tokens=20, n=2)
     first = _tokens(llm.generate(PROMPTS[:2], params, use_tqdm=False))
     assert _tokens(llm.generate(PROMPTS[:2], params, use_tqdm=False)) == first
+
+
+def test_sleep_releases_the_draft_cache_and_wakes_up(target_dir: Path, twin_dir: Path) -> None:
+    llm = _llm(target_dir, twin_dir, enable_sleep_mode=True)
+    want = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
+    drafter = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec.model_drafter
+    llm.sleep(level=1)
+    assert drafter.kv_caches == []
+    llm.wake_up()
+    outputs, counts = _generate_counting(llm, GREEDY, PROMPTS)
+    assert _tokens(outputs) == want
+    assert counts["accepted"] == counts["drafted"] > 0
