@@ -1,7 +1,7 @@
 """The single gate between what the configuration can express and what pagedllm implements.
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
-not have (context parallelism, DBO, engram, diffusion, the draft-model and EAGLE drafters, ...).
+not have (context parallelism, DBO, engram, diffusion, ...).
 Their sub-configs and rules exist so that the spec's algorithms (CUDA-graph capture sizes with
 speculative decode, lookahead slots, KV offloading -> connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
 error, never a silently ignored flag. So `EngineConfig.__post_init__` runs the whole construction and
@@ -54,7 +54,8 @@ SUPPORTED = (
     "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
     "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
-    "speculative decoding with the ngram and suffix methods; "
+    "speculative decoding with the ngram, suffix, draft_model, eagle and eagle3 methods (EAGLE heads of "
+    "Llama-family targets; eagle3 with an eager target); "
     "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
@@ -100,7 +101,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
     )
     checks: list[tuple[bool, str]] = [
-        *_speculative_checks(cfg.speculative_config),
+        *_speculative_checks(cfg.speculative_config, cfg.compilation_config.mode),
         (
             cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
             "lora_config.fully_sharded_loras (needs tensor parallelism)",
@@ -312,14 +313,24 @@ def check_in_process(cfg: EngineConfig) -> None:
         )
 
 
-def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
+def _speculative_checks(spec: Any, compilation_mode: CompilationMode | None) -> list[tuple[bool, str]]:
     if spec is None:
         return []
     return [
         (
+            # The head reads intermediate layers through forward hooks, which a compiled forward skips.
+            spec.method == "eagle3" and compilation_mode not in (None, CompilationMode.NONE),
+            "speculative_config.method='eagle3' with a compiled forward (run the target eagerly: "
+            "enforce_eager=True or -O0)",
+        ),
+        (
             spec.method not in IMPLEMENTED_METHODS,
             f"speculative_config.method={spec.method!r} (speculative decoding methods other than "
             f"{', '.join(IMPLEMENTED_METHODS)})",
+        ),
+        (
+            spec.method in ("draft_model", "eagle", "eagle3") and not spec.model,
+            f"speculative_config.method={spec.method!r} without speculative_config.model (the draft model)",
         ),
         (spec.parallel_drafting, "speculative_config.parallel_drafting (parallel drafting)"),
         (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),

@@ -54,6 +54,7 @@ class Scheduler:
         kv_connector: KVConnectorBase | None = None,
         max_loras: int | None = None,
         max_concurrent_batches: int = 1,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -81,6 +82,9 @@ class Scheduler:
         self.policy: str = scheduler_config.policy
         # Distinct LoRA adapters the running requests may use at once (None: LoRA is off).
         self.max_loras = max_loras
+        # KV slots reserved past each request's scheduled tokens: a draft model writes the KV of its
+        # own draft tokens there (through the target's block table) before the target verifies them.
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.log_stats = log_stats
@@ -279,7 +283,9 @@ class Scheduler:
                 i += 1
                 continue
             while True:
-                new_blocks = kv.allocate_slots(request, num_new)
+                new_blocks = kv.allocate_slots(
+                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
+                )
                 if new_blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -408,7 +414,9 @@ class Scheduler:
             num_new = self._num_new_tokens(request, num_hit, token_budget)
             if self.reserve_full_prompt and not kv.can_fit(request, computed_blocks):
                 break
-            new_blocks = kv.allocate_slots(request, num_new, num_hit, computed_blocks)
+            new_blocks = kv.allocate_slots(
+                request, num_new, num_hit, computed_blocks, self.num_lookahead_tokens
+            )
             if new_blocks is None:
                 break
             self.waiting.pop()

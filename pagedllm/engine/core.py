@@ -59,6 +59,7 @@ class EngineCore(EngineCoreOps, LoRAOps):
                 kv_connector=create_connector(engine_config, KVConnectorRole.SCHEDULER, self.kv_cache_spec),
                 max_loras=engine_config.lora_config.max_loras if engine_config.lora_config else None,
                 max_concurrent_batches=max_batches,
+                num_lookahead_tokens=engine_config.num_lookahead_tokens,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
             self.kv_event_publisher = make_event_publisher(

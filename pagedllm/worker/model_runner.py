@@ -126,7 +126,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs(self.device)
         spec = engine_config.speculative_config
-        self.spec = None if spec is None else SpecDecodeRunner(spec, self.max_num_reqs, self.max_model_len)
+        self.spec = None if spec is None else SpecDecodeRunner(engine_config, self.max_num_reqs, self.max_model_len)
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
@@ -166,6 +166,8 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
+        if self.spec is not None:
+            self.spec.load_model(self.model)
         lora_config = self.engine_config.lora_config
         if lora_config is not None:  # wraps the projections before any forward is built around them
             self.lora = LoRAManager(
@@ -244,17 +246,21 @@ class ModelRunner:
         """Bytes the KV cache may take: `kv_cache_memory_bytes` when set; else on CPU a share of the
         available RAM, on CUDA `gpu_memory_utilization * total` minus what a profiling forward at
         `max_num_batched_tokens` used."""
-        if self.cache_config.kv_cache_memory_bytes is not None:
-            return int(self.cache_config.kv_cache_memory_bytes)
         spec = self.get_kv_cache_spec()
-        if self.device.type == "cpu":
+        if self.cache_config.kv_cache_memory_bytes is not None:
+            budget = int(self.cache_config.kv_cache_memory_bytes)
+        elif self.device.type == "cpu":
             max_useful_blocks = self.max_num_reqs * self.max_num_blocks_per_req
             pc = self.engine_config.parallel_config
             cores = 1 if pc.data_parallel_external_lb else pc.data_parallel_size
-            return cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block, cores)
-        return profile_cuda_kv_cache_budget(
-            self.device, self.cache_config.gpu_memory_utilization, self.profile_run
-        )
+            budget = cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block, cores)
+        else:
+            budget = profile_cuda_kv_cache_budget(
+                self.device, self.cache_config.gpu_memory_utilization, self.profile_run
+            )
+        # A draft model's cache takes its share of the budget (as many blocks as the target's).
+        share = 1.0 if self.spec is None else self.spec.kv_cache_share(spec.bytes_per_block, self.kv_cache_dtype)
+        return int(budget * share)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -289,6 +295,8 @@ class ModelRunner:
             for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
         ]
         bind_kv_cache(model, self.kv_caches)
+        if self.spec is not None:
+            self.spec.initialize_kv_cache(num_blocks, self.kv_cache_dtype)
         compiled = isinstance(self._forward, CompiledForward)
         layers = attention_layers(model)
         builder_cls = backend.get_builder_cls() if layers else EncoderOnlyMetadataBuilder
@@ -345,6 +353,8 @@ class ModelRunner:
                 self.pooling.forget(req_id)
         for req_id in so.preempted_req_ids:
             self._remove_row(batch.remove_request(req_id))
+            if self.spec is not None:
+                self.spec.preempted(req_id)
         for new in so.scheduled_new_reqs:
             row = batch.add_request(new)
             if self.lora is not None:
@@ -515,7 +525,9 @@ class ModelRunner:
                     sampled_token_ids[i] = [sampled[j]]
                     logprobs[i] = sampled_lps[j]
         if self.spec is not None:
-            self.spec.sampled_req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
+            self.spec.end_step(
+                inputs.req_ids, inputs.rows, inputs.query_start_loc, inputs.sample_idx, state.hidden, self.input_batch
+            )
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
         if self.prompt_logprobs and get_pp_group().is_last_rank:
@@ -546,7 +558,7 @@ class ModelRunner:
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         """The drafter's proposals for the next step (req_id -> draft tokens); None without a
         speculative method."""
-        return None if self.spec is None else self.spec.propose(self.input_batch)
+        return None if self.spec is None else self.spec.propose(self.input_batch, self.generators)
 
     def _verify(
         self, state: _ExecuteState, grammar_output: GrammarOutput | None

@@ -83,6 +83,8 @@ class WorkerSleep:
         released = sum(t.numel() * t.element_size() for t in runner.kv_caches)
         runner.kv_caches = []
         bind_kv_cache(model, [torch.empty(0, device=runner.device)] * len(attention_layers(model)))
+        if runner.spec is not None:  # a draft model's or EAGLE head's cache (re-allocated with the target's)
+            released += runner.spec.release_kv_cache()
         self.released.add("kv_cache")
         keep_on_host = level == 1 and runner.device.type != "cpu"
         if level == 2 or keep_on_host:

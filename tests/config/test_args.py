@@ -330,8 +330,11 @@ def test_speculative_config_reaches_the_engine_config(tiny_model: str) -> None:
         5,
         5,
     )
-    # A method without a drafter here is refused by name instead of ignored.
-    with pytest.raises(ValueError, match="speculative_config.method='draft_model'"):
+    # A method without a drafter here is refused by name instead of ignored; so is a draft model
+    # method without its model.
+    with pytest.raises(ValueError, match="speculative_config.method='mtp'"):
+        build(tiny_model, "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}')
+    with pytest.raises(ValueError, match="speculative_config.method='draft_model' without speculative_config.model"):
         build(tiny_model, "--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 3}')
 
 

@@ -43,8 +43,23 @@ from pagedllm.config.support import allow_unsupported, check_in_process, check_s
     [
         ({"lora_config": LoRAConfig(fully_sharded_loras=True)}, "fully_sharded_loras"),
         (
+            {"speculative_config": SpeculativeConfig(method="mtp", num_speculative_tokens=2)},
+            "speculative_config.method='mtp'",
+        ),
+        (
+            {"speculative_config": SpeculativeConfig(method="draft_model", num_speculative_tokens=2)},
+            "speculative_config.method='draft_model' without speculative_config.model",
+        ),
+        (
             {"speculative_config": SpeculativeConfig(method="eagle", num_speculative_tokens=2)},
-            "speculative_config",
+            "speculative_config.method='eagle' without speculative_config.model",
+        ),
+        (
+            {
+                "speculative_config": SpeculativeConfig(method="eagle3", model="head", num_speculative_tokens=2),
+                "compilation_config": CompilationConfig(mode=3),
+            },
+            "speculative_config.method='eagle3' with a compiled forward",
         ),
         (
             {"kv_transfer_config": KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")},

@@ -39,7 +39,7 @@ from pagedllm.models.loader.safetensors_loader import read_header as read_safete
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 
-__all__ = ["ModelLoadError", "effective_quant_config", "get_model", "load_model", "reload_weights"]
+__all__ = ["ModelLoadError", "default_dtype", "effective_quant_config", "get_model", "load_model", "reload_weights"]
 
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -89,7 +89,8 @@ def _source(
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside are `dtype` by default."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -121,7 +122,7 @@ def load_model(
     elif load_format != "gguf" and quant_config is not None:
         _check_quantized_checkpoint(model_path, quant_config)
 
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), default_dtype(dtype):
         model = model_cls(hf_config, quant_config=quant_config)
     keep_packed = accepts(model) if quant_config is not None else None
     weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path, keep_packed)
