@@ -18,7 +18,7 @@ from pagedllm.config import hf_utils
 from pagedllm.config.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
 from pagedllm.config.model_source import DEFAULT_MODEL, resolve_model_source
 from pagedllm.config.pooler import resolve_pooler_config
-from pagedllm.config.quantization import CHECKPOINT_METHODS
+from pagedllm.config.quantization import CHECKPOINT_METHODS, ONLINE_METHODS
 from pagedllm.config.utils import config, hash_fields
 
 if TYPE_CHECKING:
@@ -103,9 +103,9 @@ class ModelConfig:
     max_model_len: Annotated[int, Field(gt=0)] | None = None
     """Context length (prompt plus output); unset: the model's maximum."""
     quantization: Literal["gguf", "awq", "gptq", "fp8"] | None = None
-    """Quantization method of the weights; set automatically: "gguf" for GGUF models, "awq" / "gptq"
-    from an HF checkpoint's `quantization_config` (naming another method than the checkpoint's is an
-    error). "fp8": an unquantized checkpoint's linear layers stored as fp8 e4m3 at load."""
+    """Quantization method of the weights; set automatically: "gguf" for GGUF models, "awq" / "gptq" /
+    "fp8" from an HF checkpoint's `quantization_config` (naming another method than the checkpoint's is
+    an error). "fp8" on an unquantized checkpoint: its linear layers stored as fp8 e4m3 at load."""
     enforce_eager: bool = False
     """Run the model eagerly: no compilation, no CUDA graphs."""
     max_logprobs: Annotated[int, Field(ge=-1)] = 20
@@ -201,7 +201,7 @@ class ModelConfig:
         vLLM detects it), which the `quantization` flag may name but never contradict."""
         quant = getattr(hf_config, "quantization_config", None)
         if not quant:
-            if self.quantization in CHECKPOINT_METHODS:
+            if self.quantization in CHECKPOINT_METHODS and self.quantization not in ONLINE_METHODS:
                 raise ValueError(
                     f"quantization={self.quantization!r} but model {self.model!r} has no quantization_config "
                     "in its config.json (an unquantized checkpoint)"

@@ -1,8 +1,9 @@
 """Quantization methods known to the config: the resolved method object lives in
 `EngineConfig.quant_config`. pagedllm implements GGUF block quantization (kept packed and computed
 from the blocks; dequantized at load only when the loader is asked to, see `pagedllm.models.loader`)
-4-bit AWQ / GPTQ checkpoints (their `quantization_config` read by `maybe_update_config`) and online
-fp8 weights from an unquantized checkpoint; every other method name is rejected by ModelConfig."""
+4-bit AWQ / GPTQ checkpoints (their `quantization_config` read by `maybe_update_config`) and fp8
+weights (online from an unquantized checkpoint, or an fp8 checkpoint's with their `weight_scale`); every
+other method name is rejected by ModelConfig."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from pagedllm.layers.quant.base import QuantizeMethodBase
+
+# A safetensors checkpoint's tensors from their headers: `{name: (file, shape, dtype)}`.
+CheckpointTensors = Mapping[str, tuple[Path, list[int], torch.dtype]]
 
 
 class QuantizationConfig:
@@ -42,9 +46,9 @@ class QuantizationConfig:
     def maybe_update_config(self, model: str, hf_config: Any = None, revision: str | None = None) -> None:
         """Let the method adjust itself to the checkpoint; methods without such needs keep the base."""
 
-    def check_checkpoint(self, tensors: Mapping[str, tuple[Path, list[int]]]) -> None:
-        """Refuse a checkpoint (`{tensor name: (file, shape)}`) this method cannot read, naming the file
-        and the tensor; methods whose layers check their own tensors keep the base."""
+    def check_checkpoint(self, tensors: CheckpointTensors) -> None:
+        """Refuse a checkpoint (`{tensor name: (file, shape, dtype)}`) this method cannot read, naming
+        the file and the tensor; methods whose layers check their own tensors keep the base."""
 
     def compute_hash(self) -> str:
         return self.name
@@ -128,7 +132,7 @@ class Int4QuantizationConfig(QuantizationConfig):
             return Int4LinearMethod(self)
         return None
 
-    def check_checkpoint(self, tensors: Mapping[str, tuple[Path, list[int]]]) -> None:
+    def check_checkpoint(self, tensors: CheckpointTensors) -> None:
         from pagedllm.layers.quant.int4_layouts import checkpoint_problem
 
         for name in sorted(n for n in tensors if n.endswith(".qweight")):
@@ -172,10 +176,17 @@ class GPTQQuantizationConfig(Int4QuantizationConfig):
 
 
 class Fp8QuantizationConfig(QuantizationConfig):
-    """Online fp8: an unquantized checkpoint's linear layers stored as float8 e4m3 with one scale per
-    output channel (`pagedllm.layers.quant.fp8`); fp8 checkpoints (`weight_scale`) are not read."""
+    """fp8 e4m3 linear layers (`pagedllm.layers.quant.fp8`): online (an unquantized checkpoint's
+    weights quantized at load, one scale per output channel), or an fp8 checkpoint's (its config.json
+    `quantization_config` says `quant_method: "fp8"`, as vLLM reads it): float8_e4m3fn weights with a
+    `weight_scale` per tensor or per output channel. Block-wise scales (`weight_block_size`) are refused."""
 
     name = "fp8"
+
+    def __init__(self) -> None:
+        self.is_checkpoint_fp8_serialized = False
+        self.activation_scheme = "dynamic"
+        self.ignored_layers: list[str] = []
 
     def get_min_capability(self) -> int:
         return 0
@@ -183,12 +194,52 @@ class Fp8QuantizationConfig(QuantizationConfig):
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
         return [torch.float32, torch.bfloat16, torch.float16]
 
-    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
-        # The decoder's linear layers; the embedding and the LM head stay in the model dtype.
-        from pagedllm.layers.linear import LinearBase
-        from pagedllm.layers.quant.fp8 import Fp8OnlineLinearMethod
+    def maybe_update_config(self, model: str, hf_config: Any = None, revision: str | None = None) -> None:
+        quant = getattr(hf_config, "quantization_config", None)
+        if not quant:
+            return  # online fp8
+        if not isinstance(quant, dict):
+            quant = quant.to_dict()
+        self.is_checkpoint_fp8_serialized = True
+        self.activation_scheme = str(quant.get("activation_scheme", "dynamic"))
+        self.ignored_layers = list(quant.get("ignored_layers") or [])
+        if quant.get("weight_block_size"):
+            raise ValueError(
+                f"model {model!r}: block-wise fp8 checkpoints (weight_block_size="
+                f"{quant['weight_block_size']}) are not supported; per-tensor and per-channel scales are"
+            )
+        if self.activation_scheme not in ("dynamic", "static"):
+            raise ValueError(
+                f"model {model!r}: fp8 activation_scheme={self.activation_scheme!r} is not supported "
+                "(supported: 'dynamic', 'static')"
+            )
 
-        return Fp8OnlineLinearMethod() if isinstance(layer, LinearBase) else None
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        # The decoder's linear layers; the embedding and the LM head stay in the model dtype, and so
+        # do a checkpoint's `ignored_layers` (named as the model names them).
+        from pagedllm.layers.linear import LinearBase
+        from pagedllm.layers.quant.fp8 import Fp8CheckpointLinearMethod, Fp8OnlineLinearMethod
+
+        if not isinstance(layer, LinearBase) or prefix in self.ignored_layers:
+            return None
+        if self.is_checkpoint_fp8_serialized:
+            return Fp8CheckpointLinearMethod(self.activation_scheme == "static")
+        return Fp8OnlineLinearMethod()
+
+    def check_checkpoint(self, tensors: CheckpointTensors) -> None:
+        # An fp8 weight is only readable with its scale (`X.weight` -> `X.weight_scale`).
+        for name, (path, _, dtype) in sorted(tensors.items()):
+            if dtype == torch.float8_e4m3fn and f"{name}_scale" not in tensors:
+                raise ValueError(f"{path}: fp8 tensor {name!r} has no {name + '_scale'!r} (its scale)")
+
+    def compute_hash(self) -> str:
+        return f"{self.name}-{self.is_checkpoint_fp8_serialized}-{self.activation_scheme}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(checkpoint={self.is_checkpoint_fp8_serialized}, "
+            f"activation_scheme={self.activation_scheme!r})"
+        )
 
 
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
@@ -198,7 +249,9 @@ QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {
     "fp8": Fp8QuantizationConfig,
 }
 # The methods a checkpoint's config.json names in `quantization_config.quant_method`.
-CHECKPOINT_METHODS = ("awq", "gptq")
+CHECKPOINT_METHODS = ("awq", "gptq", "fp8")
+# Those of them that can also quantize an unquantized checkpoint at load.
+ONLINE_METHODS = ("fp8",)
 
 
 def get_quantization_method(name: str) -> QuantizationConfig:

@@ -2,7 +2,8 @@
 method fills `quantization` and `EngineConfig.quant_config` (its group size, act-order and skipped
 modules read from the checkpoint); a `quantization` flag that contradicts the checkpoint, or names
 AWQ/GPTQ for an unquantized one, and the variants pagedllm does not read are clear errors. "fp8" is
-the flag's alone (online quantization of an unquantized checkpoint)."""
+either the checkpoint's (e4m3 weights with scales) or, on an unquantized checkpoint, the flag's (online
+quantization)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pagedllm.config.quantization import AWQQuantizationConfig, Fp8QuantizationC
 
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": True}
+FP8 = {"quant_method": "fp8", "activation_scheme": "static"}
 
 
 def _quantized(tiny_llama_dir: Path, tmp_path: Path, quantization_config: dict[str, Any]) -> str:
@@ -68,6 +70,24 @@ def test_fp8_flag_quantizes_an_unquantized_checkpoint_online(tiny_llama_dir: Pat
     assert cfg.model_config.quantization == "fp8" and isinstance(cfg.quant_config, Fp8QuantizationConfig)
 
 
+@pytest.mark.parametrize("flag", [None, "fp8"])
+def test_fp8_checkpoint_is_detected_from_config_json(
+    tiny_llama_dir: Path, tmp_path: Path, flag: str | None
+) -> None:
+    cfg = EngineConfig(
+        model_config=ModelConfig(model=_quantized(tiny_llama_dir, tmp_path, FP8), quantization=flag)
+    )
+    quant = cfg.quant_config
+    assert cfg.model_config.quantization == "fp8" and isinstance(quant, Fp8QuantizationConfig)
+    assert quant.is_checkpoint_fp8_serialized and quant.activation_scheme == "static"
+
+
+def test_flag_conflicting_with_an_fp8_checkpoint_is_an_error(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    model = _quantized(tiny_llama_dir, tmp_path, FP8)
+    with pytest.raises(ValueError, match=r"quantization='gptq' conflicts with model .* quant_method='fp8'"):
+        ModelConfig(model=model, quantization="gptq")
+
+
 def test_flag_on_an_unquantized_checkpoint_is_an_error(tiny_llama_dir: Path) -> None:
     with pytest.raises(ValueError, match=r"quantization='awq' but model .* has no quantization_config"):
         ModelConfig(model=str(tiny_llama_dir), quantization="awq")
@@ -82,6 +102,15 @@ def test_flag_on_an_unquantized_checkpoint_is_an_error(tiny_llama_dir: Path) -> 
         ({**GPTQ, "checkpoint_format": "gptq_v2"}, "checkpoint_format='gptq_v2'"),
         ({**GPTQ, "group_size": 48}, "group_size=48"),
         ({"quant_method": "bitsandbytes"}, "quantized with 'bitsandbytes', which is not supported"),
+        (
+            {**FP8, "weight_block_size": [128, 128]},
+            r"block-wise fp8 checkpoints \(weight_block_size=\[128, 128\]\)",
+        ),
+        ({**FP8, "activation_scheme": "tensor"}, "activation_scheme='tensor'"),
+        (
+            {"quant_method": "compressed-tensors"},
+            "quantized with 'compressed-tensors', which is not supported",
+        ),
     ],
 )
 def test_unsupported_variants_are_refused(

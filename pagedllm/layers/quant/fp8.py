@@ -1,6 +1,10 @@
-"""Online fp8 weights (`quantization="fp8"` on an unquantized checkpoint): each linear layer's weight
-is loaded as usual, then stored as float8 e4m3 with one float32 scale per output row (its largest
-magnitude maps to e4m3's largest, 448), and the float weight is dropped.
+"""fp8 linear layers: float8 e4m3 weights with one float32 scale per output row.
+
+Online (`quantization="fp8"` on an unquantized checkpoint): each weight is loaded as usual, then stored
+as e4m3 (each row's largest magnitude maps to e4m3's largest, 448), and the float weight is dropped.
+From an fp8 checkpoint: the e4m3 `weight` is loaded as stored and its `weight_scale` (one per tensor, or
+one per output channel) is expanded to one per row of the fused layer, so q/k/v or gate/up parts with
+different per-tensor scales share one product.
 
 The product (`torch.ops.pagedllm.fp8_linear`, opaque to torch.compile) widens tiles of weight rows to
 float32 (a lookup-table C kernel, fp8_kernels.c) and multiplies them with torch's GEMM (`tiles`), for
@@ -18,6 +22,7 @@ from torch import nn
 
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.linear import UnquantizedLinearMethod
+from pagedllm.layers.quant.base import WeightLoader, set_weight_loader
 from pagedllm.layers.quant.tiles import TILE_ROWS, tiled_product
 
 FP8 = torch.float8_e4m3fn
@@ -96,3 +101,75 @@ class Fp8OnlineLinearMethod(UnquantizedLinearMethod):
 
     def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
         return None
+
+
+class Fp8CheckpointLinearMethod(Fp8OnlineLinearMethod):
+    """A linear layer of an fp8 checkpoint: its e4m3 `weight` and `weight_scale` (per tensor: a scalar,
+    or per output channel: [out] or [out, 1]) loaded as stored, then computed as the online layers are.
+    With `static_input_scale`, the checkpoint's `input_scale` (a static activation scale) is read and
+    dropped: the product keeps the activations in their float dtype (weight-only fp8), which needs none."""
+
+    def __init__(self, static_input_scale: bool) -> None:
+        self.static_input_scale = static_input_scale
+
+    def create_weights(
+        self,
+        layer: nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        params_dtype: torch.dtype,
+        weight_loader: WeightLoader,
+    ) -> None:
+        if layer.tp_size != 1:
+            raise ValueError("fp8 checkpoint layers run on one tensor-parallel rank")
+        rows = sum(output_partition_sizes)
+        weight = nn.Parameter(torch.empty(rows, input_size_per_partition, dtype=FP8), requires_grad=False)
+        layer.register_parameter("weight", set_weight_loader(weight, _fp8_only(weight_loader)))
+        # [rows, 1]: the layer's loader places each part's scales in its rows, as it places weights.
+        scale = nn.Parameter(torch.empty(rows, 1, dtype=torch.float32), requires_grad=False)
+        layer.register_parameter("weight_scale", set_weight_loader(scale, _per_row(layer, weight_loader)))
+        if self.static_input_scale:
+            ignored = nn.Parameter(torch.empty(0), requires_grad=False)
+            layer.register_parameter("input_scale", set_weight_loader(ignored, _discard))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight, scale = layer.weight.data, layer.weight_scale.data.reshape(-1).contiguous()
+        del layer.weight, layer.weight_scale
+        if self.static_input_scale:
+            del layer.input_scale
+        layer.register_buffer("fp8_weight", weight, persistent=False)
+        layer.register_buffer("fp8_scale", scale, persistent=False)
+
+
+def _fp8_only(weight_loader: WeightLoader) -> WeightLoader:
+    """`weight_loader`, refusing anything but e4m3 (a float weight would be rounded without a scale)."""
+
+    def load(param: torch.Tensor, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if tensor.dtype != FP8:
+            raise ValueError(f"dtype {tensor.dtype} is not the fp8 checkpoint's {FP8}")
+        weight_loader(param, tensor, shard_id)
+
+    return load
+
+
+def _per_row(layer: nn.Module, weight_loader: WeightLoader) -> WeightLoader:
+    """`weight_loader` for a `weight_scale`, each scale first expanded to one per row of its part."""
+
+    def load(param: torch.Tensor, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
+        sizes = getattr(layer, "output_sizes", [layer.output_size])
+        if shard_id is None:
+            rows = sum(sizes)
+        else:
+            rows = sizes["qkv".index(shard_id) if isinstance(shard_id, str) else shard_id]
+        scale = tensor.float().reshape(-1)
+        if scale.numel() not in (1, rows):
+            raise ValueError(
+                f"weight_scale of shape {tuple(tensor.shape)} is neither per tensor nor {rows} rows"
+            )
+        weight_loader(param, scale.expand(rows)[:, None], shard_id)
+
+    return load
+
+
+def _discard(param: torch.Tensor, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
+    """A static activation scale: not needed by weight-only fp8 (see Fp8CheckpointLinearMethod)."""

@@ -14,14 +14,12 @@ to an int32 (value j of a word at bits 4j..4j+3):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import Int4QuantizationConfig
+    from pagedllm.config.quantization import CheckpointTensors, Int4QuantizationConfig
 
 # The output column each of an AWQ word's eight values holds; `_AWQ_UNDO[c]` is the value of column c.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -95,7 +93,7 @@ def packed_shapes(awq: bool, k: int, n: int, group: int) -> dict[str, tuple[int,
 
 
 def checkpoint_problem(
-    config: Int4QuantizationConfig, prefix: str, tensors: Mapping[str, tuple[Path, list[int]]]
+    config: Int4QuantizationConfig, prefix: str, tensors: CheckpointTensors
 ) -> str | None:
     """What is wrong with the packed tensors of module `prefix` in a checkpoint (`{name: (file,
     shape)}`), naming the tensor; None when they are a readable weight."""

@@ -61,7 +61,7 @@ def _check_quantized_checkpoint(model_path: Path, quant_config: QuantizationConf
     """Refuse a safetensors checkpoint whose tensors `quant_config` cannot read (from the headers,
     before the model is built), naming the file and the tensor."""
     shapes = {
-        name: (path, info[1])
+        name: (path, info[1], info[0])
         for path in safetensors_files(model_path)
         for name, info in read_safetensors_header(path)[0].items()
     }
