@@ -250,15 +250,16 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps) if self.is_last_stage else PPMissingLayer()
-        # The layers whose input stream `forward` also returns (an EAGLE-3 head reads them); empty, the
-        # forward traces to the same graph as without the feature.
+        # The layers whose input stream `forward` also returns (an EAGLE-3 head reads them).
         self.aux_hidden_state_layers: tuple[int, ...] = ()
 
     def set_aux_hidden_state_layers(self, layers: Sequence[int]) -> None:
-        if not all(self.start_layer <= i < self.end_layer for i in layers):
+        if not (self.is_first_stage and self.is_last_stage):
+            raise ValueError("auxiliary hidden states are not returned by a pipeline stage")
+        if not all(0 <= i < len(self.layers) for i in layers):
             raise ValueError(
-                f"auxiliary hidden-state layers {list(layers)} are not all among this model's layers "
-                f"{self.start_layer}..{self.end_layer - 1}"
+                f"auxiliary hidden-state layers {list(layers)} are not all among this model's "
+                f"{len(self.layers)} layers"
             )
         self.aux_hidden_state_layers = tuple(layers)
 
@@ -287,19 +288,29 @@ class LlamaModel(nn.Module):
             residual = None
         else:
             hidden_states, residual = intermediate
-        aux_layers = self.aux_hidden_state_layers
-        aux: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.layers[self.start_layer : self.end_layer], self.start_layer):
-            if i in aux_layers:
-                aux[i] = hidden_states if residual is None else hidden_states + residual
+        if self.aux_hidden_state_layers:
+            return self._forward_with_aux(positions, hidden_states)
+        for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
         if not self.is_last_stage:
             assert residual is not None
             return hidden_states, residual
         hidden_states, _ = self.norm(hidden_states, residual)
-        if aux_layers:
-            return hidden_states, [aux[i] for i in aux_layers]
         return hidden_states
+
+    def _forward_with_aux(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The layers and final norm of a whole model from its embeddings, and the stream entering
+        each auxiliary layer (its own loop, so the plain forward pays nothing for the feature)."""
+        aux: dict[int, torch.Tensor] = {}
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_state_layers:
+                aux[i] = hidden_states if residual is None else hidden_states + residual
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states, [aux[i] for i in self.aux_hidden_state_layers]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -254,7 +254,7 @@ def test_eagle3_greedy_identical_and_drafts_are_the_heads(
     _check(llm, deep_reference, _Head3Reference(deep_target_dir, eagle3_dir))
 
 
-@pytest.mark.slow  # ~25-50 s: Inductor compiles the block and LM head graphs
+@pytest.mark.slow  # ~1 min on 2 busy cores: Inductor compiles the block and LM head graphs
 def test_eagle3_under_the_compiled_forward(
     deep_target_dir: Path, eagle3_dir: Path, deep_reference: list[list[int]]
 ) -> None:
