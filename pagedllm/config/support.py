@@ -56,7 +56,7 @@ SUPPORTED = (
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
     "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
     "speculative decoding with the ngram, suffix, draft_model, eagle and eagle3 methods (EAGLE heads of "
-    "Llama-family targets; eagle3 with an eager target); "
+    "Llama-family targets); "
     "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
@@ -102,7 +102,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
     )
     checks: list[tuple[bool, str]] = [
-        *_speculative_checks(cfg.speculative_config, cfg.compilation_config.mode),
+        *_speculative_checks(cfg.speculative_config),
         (
             cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
             "lora_config.fully_sharded_loras (needs tensor parallelism)",
@@ -314,16 +314,10 @@ def check_in_process(cfg: EngineConfig) -> None:
         )
 
 
-def _speculative_checks(spec: Any, compilation_mode: CompilationMode | None) -> list[tuple[bool, str]]:
+def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
     if spec is None:
         return []
     return [
-        (
-            # The head reads intermediate layers through forward hooks, which a compiled forward skips.
-            spec.method == "eagle3" and compilation_mode not in (None, CompilationMode.NONE),
-            "speculative_config.method='eagle3' with a compiled forward (run the target eagerly: "
-            "enforce_eager=True or -O0)",
-        ),
         (
             spec.method not in IMPLEMENTED_METHODS,
             f"speculative_config.method={spec.method!r} (speculative decoding methods other than "

@@ -1,6 +1,6 @@
 """What a model declares to the runner beyond `forward` and `compute_logits` (checked with
-`isinstance`, as vLLM's `supports_*` interfaces): the decoder layers to compile, and a native
-single-sequence decode path."""
+`isinstance`, as vLLM's `supports_*` interfaces): the decoder layers to compile, a native
+single-sequence decode path, and the auxiliary hidden states an EAGLE-3 head reads."""
 
 from __future__ import annotations
 
@@ -34,4 +34,13 @@ class SupportsNativeDecode(Protocol):
     def native_decoder(self) -> NativeDecoder | None:
         """The native decode path of this model as loaded, or None (logged why) where it cannot run
         it (weights' dtype, quantized or sharded layers, the CPU, no compiler)."""
+        ...
+
+
+@runtime_checkable
+class SupportsEagle3(Protocol):
+    def set_aux_hidden_state_layers(self, layers: Sequence[int]) -> None:
+        """From now on `forward` returns `(hidden_states, aux)`: aux[j] the residual stream entering
+        decoder layer `layers[j]` (set once at load, so a compiled forward outputs them too; the
+        native single-sequence path, which returns the final hidden states only, is then not used)."""
         ...

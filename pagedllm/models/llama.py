@@ -26,7 +26,7 @@ from pagedllm.layers.linear import (
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.pp_missing import PPMissingLayer
 from pagedllm.layers.rotary import RotaryEmbedding, get_rope, rope_parameters_from_config
-from pagedllm.models.interfaces import NativeDecoder
+from pagedllm.models.interfaces import NativeDecoder, SupportsEagle3
 from pagedllm.models.loader.weights import packed_modules
 
 if TYPE_CHECKING:
@@ -250,6 +250,18 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps) if self.is_last_stage else PPMissingLayer()
+        # The layers whose input stream `forward` also returns (an EAGLE-3 head reads them).
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
+
+    def set_aux_hidden_state_layers(self, layers: Sequence[int]) -> None:
+        if not (self.is_first_stage and self.is_last_stage):
+            raise ValueError("auxiliary hidden states are not returned by a pipeline stage")
+        if not all(0 <= i < len(self.layers) for i in layers):
+            raise ValueError(
+                f"auxiliary hidden-state layers {list(layers)} are not all among this model's "
+                f"{len(self.layers)} layers"
+            )
+        self.aux_hidden_state_layers = tuple(layers)
 
     def missing_prefixes(self, prefix: str) -> tuple[str, ...]:
         """The weight-name prefixes of the modules other pipeline stages hold."""
@@ -264,9 +276,10 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
         """The final hidden states; a stage before the last returns `(hidden, residual)` for the
-        next stage, and a stage after the first starts from the previous one's (`intermediate`)."""
+        next stage, and a stage after the first starts from the previous one's (`intermediate`).
+        With `aux_hidden_state_layers`, `(hidden, aux)`: the stream (hidden + residual) entering each."""
         residual: torch.Tensor | None
         if intermediate is None:
             hidden_states = self.embed_tokens(input_ids)
@@ -275,6 +288,8 @@ class LlamaModel(nn.Module):
             residual = None
         else:
             hidden_states, residual = intermediate
+        if self.aux_hidden_state_layers:
+            return self._forward_with_aux(positions, hidden_states)
         for layer in self.layers[self.start_layer : self.end_layer]:
             hidden_states, residual = layer(positions, hidden_states, residual)
         if not self.is_last_stage:
@@ -282,6 +297,20 @@ class LlamaModel(nn.Module):
             return hidden_states, residual
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
+
+    def _forward_with_aux(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The layers and final norm of a whole model from its embeddings, and the stream entering
+        each auxiliary layer (its own loop, so the plain forward pays nothing for the feature)."""
+        aux: dict[int, torch.Tensor] = {}
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_hidden_state_layers:
+                aux[i] = hidden_states if residual is None else hidden_states + residual
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states, [aux[i] for i in self.aux_hidden_state_layers]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -375,6 +404,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
+
+    def set_aux_hidden_state_layers(self, layers: Sequence[int]) -> None:
+        """`SupportsEagle3`, where the body collects the streams (families with their own bodies may not)."""
+        if not isinstance(self.model, SupportsEagle3):
+            raise ValueError(f"{type(self).__name__} does not return auxiliary hidden states (EAGLE-3 targets)")
+        self.model.set_aux_hidden_state_layers(layers)
 
     def decoder_layers(self) -> Sequence[nn.Module]:
         return self.model.layers

@@ -2,8 +2,9 @@
 head fed the target's hidden states proposes k tokens; the target verifies them in its next forward
 (`worker/spec_decode.py`). An EAGLE-1 head (`models/llama_eagle.py`) reads the target's final hidden
 states and drafts through the target's LM head; an EAGLE-3 head (`models/llama_eagle3.py`) reads the
-residual streams entering three target layers (captured by forward pre-hooks, so the target runs
-eagerly) and has its own small-vocabulary LM head.
+residual streams entering three target layers (which the target's forward returns beside its final
+hidden states once told which: `SupportsEagle3`, so a compiled forward outputs them too) and has its
+own small-vocabulary LM head.
 
 The head keeps a paged KV cache in the target's blocks (`worker/model_drafter.py`). Its entry at
 position i is computed from token i + 1 and the target's hidden state at i, which exist only in the
@@ -32,6 +33,7 @@ import torch
 from torch import nn
 
 from pagedllm.layers.rotary import RotaryEmbedding
+from pagedllm.models.interfaces import SupportsEagle3
 from pagedllm.models.llama_eagle import EagleHead, EagleLlamaDraft
 from pagedllm.models.llama_eagle3 import Eagle3LlamaDraft, aux_layer_ids
 from pagedllm.models.loader import ModelLoadError, default_dtype
@@ -46,7 +48,8 @@ logger = logging.getLogger("pagedllm.worker")
 @dataclass
 class TargetStep:
     """What the target's last step computed: its requests (batch order), their rows, cumulative query
-    lengths, tokens in the cache before the step, and the final hidden state of every token."""
+    lengths, tokens in the cache before the step, and the hidden state the head reads of every token
+    (EAGLE-3: the auxiliary streams side by side)."""
 
     req_ids: list[str]
     rows: np.ndarray
@@ -61,9 +64,8 @@ class EagleProposer(ModelDrafter):
         # Draft logits in the target's vocabulary from the head's output.
         self.compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.step: TargetStep | None = None
-        # EAGLE-3: the residual stream entering each auxiliary target layer in the last forward.
+        # EAGLE-3: the target layers whose input streams its forward returns for the head.
         self.aux_layers: list[int] = []
-        self.aux_hidden: dict[int, torch.Tensor] = {}
 
     def load_model(self, target: nn.Module) -> None:
         """Load the head from its checkpoint; it shares the target's LM head (and its embedding when
@@ -101,28 +103,21 @@ class EagleProposer(ModelDrafter):
         self.model = head.eval()
         if isinstance(head, Eagle3LlamaDraft):
             self.compute_logits = head.compute_logits
-            self._capture_aux_hidden(target, aux_layer_ids(hf, cfg.model_config.get_total_num_layers()))
+            self._request_aux_hidden(target, aux_layer_ids(hf, cfg.model_config.get_total_num_layers()))
         else:
             self.compute_logits = target.compute_logits
         logger.info("loaded %s head %s (%d layers)", spec.method, spec.model, hf.num_hidden_layers)
 
-    def _capture_aux_hidden(self, target: nn.Module, layer_ids: list[int]) -> None:
-        layers = target.get_submodule("model.layers")
-        if not all(0 <= i < len(layers) for i in layer_ids):
-            raise ModelLoadError(f"EAGLE-3 auxiliary layers {layer_ids} are not all among the target's {len(layers)}")
+    def _request_aux_hidden(self, target: nn.Module, layer_ids: list[int]) -> None:
+        if not isinstance(target, SupportsEagle3):
+            raise ModelLoadError(f"{type(target).__name__} cannot return the hidden states an EAGLE-3 head reads")
+        try:
+            target.set_aux_hidden_state_layers(layer_ids)
+        except ValueError as e:
+            raise ModelLoadError(f"EAGLE-3 head {self.engine_config.speculative_config.model}: {e}") from e
         self.aux_layers = layer_ids
-        for i in dict.fromkeys(layer_ids):
-
-            def capture(module: nn.Module, args: tuple[Any, ...], layer: int = i) -> None:
-                # A decoder layer's input: (positions, hidden, residual); the stream is their sum.
-                _, hidden, residual = args
-                self.aux_hidden[layer] = hidden if residual is None else hidden + residual
-
-            layers[i].register_forward_pre_hook(capture)
 
     def observe(self, step: TargetStep) -> None:
-        if self.aux_layers:
-            step.hidden = torch.cat([self.aux_hidden[i] for i in self.aux_layers], dim=-1)
         self.step = step
 
     @torch.inference_mode()

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -98,6 +98,8 @@ class _ExecuteState:
     pooled: dict[str, list[float]] | None = None
     # The drafts the step verifies (req_id -> draft tokens).
     drafts: dict[str, list[int]] | None = None
+    # The streams entering the target layers an EAGLE-3 head reads (empty without one).
+    aux_hidden: list[torch.Tensor] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -133,6 +135,8 @@ class ModelRunner:
         # The adapters and each batch row's slot, when LoRA is enabled.
         self.lora: LoRAManager | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # Whether the forward returns `(hidden, aux)` for an EAGLE-3 head (`load_model` decides).
+        self._aux_outputs = False
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
         self.batch_invariant: bool = bool(envs.PAGEDLLM_BATCH_INVARIANT)
         self.kv_caches: list[torch.Tensor] = []
@@ -168,6 +172,8 @@ class ModelRunner:
         self.model = get_model(self.engine_config)
         if self.spec is not None:
             self.spec.load_model(self.model)
+        # (Before the forward is built: a compiled forward must output the auxiliary states too.)
+        self._aux_outputs = self.spec is not None and self.spec.reads_aux_hidden_states()
         lora_config = self.engine_config.lora_config
         if lora_config is not None:  # wraps the projections before any forward is built around them
             self.lora = LoRAManager(
@@ -212,10 +218,14 @@ class ModelRunner:
             raise RuntimeError("ModelRunner.load_model() must be called first")
         return self.model
 
-    def _run_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _run_forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The final hidden states, and the auxiliary ones an EAGLE-3 head reads (empty without one)."""
         if self._forward is None:
             raise RuntimeError("ModelRunner.load_model() must be called first")
-        return self._forward(input_ids, positions)
+        out = self._forward(input_ids, positions)
+        return out if self._aux_outputs else (out, [])  # type: ignore[return-value]
 
     def release_native_bindings(self) -> None:
         """Drop what a native forward keeps of the weights and caches (sleep mode frees them)."""
@@ -271,7 +281,7 @@ class ModelRunner:
         ids = torch.zeros(n, dtype=torch.int64, device=self.device)
         positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
         with set_forward_context(None):
-            hidden = self._run_forward(ids, positions)
+            hidden, _ = self._run_forward(ids, positions)
         if self.pooling is not None or not get_pp_group().is_last_rank:
             return
         rows = min(self.max_num_reqs, n)
@@ -330,7 +340,7 @@ class ModelRunner:
             # With LoRA, the graphs of steps with and without adapters.
             for _ in self.lora.warm_up_variants() if self.lora is not None else (None,):
                 with set_forward_context(None):
-                    hidden = forward(ids, positions)
+                    hidden, _ = self._run_forward(ids, positions)
         model.compute_logits(hidden[-1:])
         logger.info(
             "compiled %d graphs in %.1f s (%d from the compile cache at %s)",
@@ -475,7 +485,7 @@ class ModelRunner:
         if connector is not None:
             connector.wait_for_load()
         with self._numerics(), set_forward_context(inputs.attn_metadata), self._forward_span(None):
-            hidden = self._run_forward(inputs.input_ids, inputs.positions)
+            hidden, aux_hidden = self._run_forward(inputs.input_ids, inputs.positions)
         if connector is not None:
             connector.save_kv(so.kv_connector_metadata)
         if self.pooling is not None:
@@ -492,7 +502,7 @@ class ModelRunner:
             with self._numerics():
                 rows = hidden.index_select(0, self._logits_indices.to_device(num_rows))
                 logits = model.compute_logits(rows)
-        self.execute_state = _ExecuteState(inputs, hidden, logits, cu_num_logits, drafts=drafts)
+        self.execute_state = _ExecuteState(inputs, hidden, logits, cu_num_logits, drafts=drafts, aux_hidden=aux_hidden)
 
     @torch.inference_mode()
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
@@ -526,7 +536,8 @@ class ModelRunner:
                     logprobs[i] = sampled_lps[j]
         if self.spec is not None:
             self.spec.end_step(
-                inputs.req_ids, inputs.rows, inputs.query_start_loc, inputs.sample_idx, state.hidden, self.input_batch
+                inputs.req_ids, inputs.rows, inputs.query_start_loc, inputs.sample_idx, state.hidden, state.aux_hidden,
+                self.input_batch,
             )
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}

@@ -119,16 +119,21 @@ class SpecDecodeRunner:
         elif self.model_drafter is not None:
             self.model_drafter.load_model()
 
+    def reads_aux_hidden_states(self) -> bool:
+        """Whether the target's forward returns `(hidden, aux)` for an EAGLE-3 head (set at load)."""
+        return isinstance(self.model_drafter, EagleProposer) and bool(self.model_drafter.aux_layers)
+
     def end_step(
         self, req_ids: list[str], rows: np.ndarray, query_start_loc: np.ndarray, sample_idx: np.ndarray,
-        hidden: torch.Tensor, batch: InputBatch,
+        hidden: torch.Tensor, aux_hidden: list[torch.Tensor], batch: InputBatch,
     ) -> None:
         """The step's sampling requests are the next ones to draft for; an EAGLE head reads the hidden
-        states of every token the target computed."""
+        states of every token the target computed (EAGLE-3: the auxiliary ones, side by side)."""
         self.sampled_req_ids = [req_ids[i] for i in sample_idx.tolist()]
         if isinstance(self.model_drafter, EagleProposer):
+            features = torch.cat(aux_hidden, dim=-1) if aux_hidden else hidden
             self.model_drafter.observe(
-                TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), hidden)
+                TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), features)
             )
 
     def kv_cache_share(self, target_bytes_per_block: int, kv_cache_dtype: torch.dtype) -> float:

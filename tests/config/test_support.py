@@ -55,13 +55,6 @@ from pagedllm.config.support import allow_unsupported, check_in_process, check_s
             "speculative_config.method='eagle' without speculative_config.model",
         ),
         (
-            {
-                "speculative_config": SpeculativeConfig(method="eagle3", model="head", num_speculative_tokens=2),
-                "compilation_config": CompilationConfig(mode=3),
-            },
-            "speculative_config.method='eagle3' with a compiled forward",
-        ),
-        (
             {"kv_transfer_config": KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")},
             "kv_connector",
         ),
@@ -179,6 +172,12 @@ def test_supported_values_of_the_same_options_pass() -> None:
         kv_connector_extra_config={"connectors": [{"kv_connector": "SharedStorageConnector"}]},
     )
     assert unsupported_features(EngineConfig(model_config=ModelConfig(), kv_transfer_config=multi)) == []
+    # The target's compiled forward returns the hidden states an EAGLE-3 head reads.
+    eagle3 = SpeculativeConfig(method="eagle3", model="head", num_speculative_tokens=2)
+    compiled = CompilationConfig(mode=3)
+    assert unsupported_features(
+        EngineConfig(model_config=ModelConfig(), speculative_config=eagle3, compilation_config=compiled)
+    ) == []
 
 
 @pytest.mark.parametrize(

@@ -154,6 +154,33 @@ def test_forward_traces_as_one_graph(models: tuple[PreTrainedModel, torch.nn.Mod
         _check(logits[a:b], ref[start : start + b - a])
 
 
+def test_aux_hidden_states_are_the_streams_entering_the_layers(
+    models: tuple[PreTrainedModel, torch.nn.Module],
+) -> None:
+    """What an EAGLE-3 head reads: once asked, the forward also returns the residual stream entering
+    each given layer (HF's `hidden_states[i]`), in the order asked, the final hidden states unchanged;
+    layers the model lacks are refused."""
+    hf, ours = models
+    prompt = _tokens(12, 5)
+    last = hf.config.num_hidden_layers - 1
+    layers = [last, 0, last]
+    positions, md = PagedBatch.for_model(ours).metadata([("a", len(prompt))])
+    ours.set_aux_hidden_state_layers(layers)
+    try:
+        with torch.no_grad(), set_forward_context(md):
+            hidden, aux = ours(torch.tensor(prompt), positions)
+    finally:
+        ours.set_aux_hidden_state_layers([])
+    with torch.no_grad():
+        streams = hf(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    assert len(aux) == len(layers)
+    for got, i in zip(aux, layers):
+        _check(got, streams[i][0])
+    _check(ours.compute_logits(hidden), _reference(hf, prompt))
+    with pytest.raises(ValueError, match="not all among"):
+        ours.set_aux_hidden_state_layers([0, last + 1])
+
+
 def test_bfloat16_model_and_cache(
     models: tuple[PreTrainedModel, torch.nn.Module], tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -26,6 +26,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.worker.compiled_forward import CompiledForward
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -76,7 +77,8 @@ def eagle_dir(target_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 def _llm(target: Path, eagle: Path | None = None, method: str = "eagle", **kwargs: Any) -> LLM:
     if eagle is not None:
         kwargs["speculative_config"] = {"method": method, "model": str(eagle), "num_speculative_tokens": 3}
-    return LLM(model=str(target), dtype="float32", max_model_len=128, enforce_eager=True, **kwargs)
+    kwargs.setdefault("enforce_eager", True)
+    return LLM(model=str(target), dtype="float32", max_model_len=128, **kwargs)
 
 
 def _tokens(outputs: list[Any]) -> list[list[int]]:
@@ -239,10 +241,26 @@ class _Head3Reference:
         return out
 
 
+@pytest.fixture(scope="module")
+def deep_reference(deep_target_dir: Path) -> list[list[int]]:
+    return _tokens(_llm(deep_target_dir).generate(PROMPTS, GREEDY, use_tqdm=False))
+
+
 @pytest.mark.parametrize("engine", ["chunk16", "preemption"])
 def test_eagle3_greedy_identical_and_drafts_are_the_heads(
-    deep_target_dir: Path, eagle3_dir: Path, engine: str
+    deep_target_dir: Path, eagle3_dir: Path, deep_reference: list[list[int]], engine: str
 ) -> None:
-    want = _tokens(_llm(deep_target_dir).generate(PROMPTS, GREEDY, use_tqdm=False))
     llm = _llm(deep_target_dir, eagle3_dir, method="eagle3", **ENGINE_KWARGS[engine])
-    _check(llm, want, _Head3Reference(deep_target_dir, eagle3_dir))
+    _check(llm, deep_reference, _Head3Reference(deep_target_dir, eagle3_dir))
+
+
+@pytest.mark.slow  # ~1 min on 2 busy cores: Inductor compiles the block and LM head graphs
+def test_eagle3_under_the_compiled_forward(
+    deep_target_dir: Path, eagle3_dir: Path, deep_reference: list[list[int]]
+) -> None:
+    """The default -O2 forward (decoder blocks compiled per shape class) returns the auxiliary streams
+    too; one-token steps, which the native single-sequence path would take, run the graphs instead."""
+    llm = _llm(deep_target_dir, eagle3_dir, method="eagle3", enforce_eager=False, **ENGINE_KWARGS["chunk16"])
+    forward = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner._forward
+    assert isinstance(forward, CompiledForward) and forward.native is None
+    _check(llm, deep_reference, _Head3Reference(deep_target_dir, eagle3_dir))

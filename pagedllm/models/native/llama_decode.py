@@ -109,6 +109,8 @@ def _projections(layer: nn.Module) -> tuple[LinearBase, LinearBase, LinearBase, 
 
 def _unsupported(model: nn.Module) -> str | None:
     """Why the native decode path cannot run `model` (a `LlamaForCausalLM`) as loaded, or None."""
+    if model.model.aux_hidden_state_layers:  # type: ignore[union-attr]
+        return "an EAGLE-3 head reads its intermediate hidden states, which the native call does not return"
     layers = model.model.layers  # type: ignore[union-attr]
     dtypes = {p.dtype for p in layers.parameters()}
     if (

@@ -23,7 +23,7 @@ from pagedllm.config.model import ModelConfig  # noqa: E402
 from pagedllm.layers.linear import LinearBase  # noqa: E402
 from pagedllm.layers.quant import LinearMethodBase  # noqa: E402
 from pagedllm.models import load_model  # noqa: E402
-from pagedllm.models.interfaces import HasDecoderLayers, SupportsNativeDecode  # noqa: E402
+from pagedllm.models.interfaces import HasDecoderLayers, SupportsEagle3, SupportsNativeDecode  # noqa: E402
 from pagedllm.models.native import llama_decode  # noqa: E402
 from pagedllm.sampling_params import SamplingParams  # noqa: E402
 from pagedllm.worker.compiled_forward import CompiledForward  # noqa: E402
@@ -216,6 +216,11 @@ def test_the_model_declares_the_path_and_its_layers_decide() -> None:
     assert isinstance(model, SupportsNativeDecode) and isinstance(model, HasDecoderLayers)
     assert list(model.decoder_layers()) == list(model.model.layers)
     assert llama_decode._unsupported(model) is None
+    # An EAGLE-3 head reads intermediate streams, which the native call does not return.
+    assert isinstance(model, SupportsEagle3)
+    model.set_aux_hidden_state_layers([1])
+    assert "EAGLE-3" in (llama_decode._unsupported(model) or "")
+    model.set_aux_hidden_state_layers([])
     down = model.model.layers[1].mlp.down_proj
     assert isinstance(down, LinearBase)
     down.quant_method = _Opaque()
