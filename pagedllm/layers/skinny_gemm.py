@@ -59,8 +59,12 @@ def available() -> bool:
 def serves(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether `skinny_linear` computes `F.linear(x, weight, bias)` for these tensors. In a graph
     traced with a dynamic row count, only where its range proves the bounds (the compiled forward
-    gives 2..MAX_ROWS tokens their own range): a guard would specialize the graph to one side."""
+    gives 2..MAX_ROWS tokens their own range): a guard would specialize the graph to one side. Not
+    under a torch function mode (eager), which may be there to intercept `F.linear`."""
     if x.dim() != 2:
+        return False
+    if not torch.compiler.is_compiling() and torch._C._is_torch_function_mode_enabled():
+        # A mode that intercepts `F.linear` (the batch-invariant mode pads every product) must see it.
         return False
     rows = x.shape[0]
     return (

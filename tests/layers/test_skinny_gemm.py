@@ -87,3 +87,19 @@ def test_compiled_graph_picks_the_kernel_only_where_the_range_proves_it() -> Non
     # A range reaching past the kernel's rows keeps torch's product (no guard splits the range).
     assert "pagedllm.skinny_linear" not in _traced_ops(5, 2, 64)
     assert "pagedllm.skinny_linear" not in _traced_ops(20, skinny_gemm.MAX_ROWS + 1, 64)
+
+
+def test_linear_leaves_products_to_an_active_function_mode() -> None:
+    """The batch-invariant mode pads every `F.linear`; a few-row product must reach it too."""
+    seen: list[int] = []
+
+    class Recording(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if func is F.linear:
+                seen.append(args[0].shape[0])
+            return func(*args, **(kwargs or {}))
+
+    x, w = torch.randn(3, 64), torch.randn(10, 64)
+    with Recording():
+        linear(x, w)
+    assert seen == [3]
