@@ -21,8 +21,8 @@ from pagedllm.attention.backends import cpu_decode
 
 SOURCE = Path(__file__).with_name("skinny_gemm.c")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-# skinny_gemm.c's MAX_ROWS: 4 input rows share a pass over a weight row (their accumulators fill the
-# AVX2 registers), so 5 to 8 rows take two passes, the second from L1.
+# skinny_gemm.c's MAX_ROWS: every input row keeps one accumulator in a register during the one pass
+# over a weight row; 8 of them and the weight chunk fit AVX2's 16 registers.
 MAX_ROWS = 8
 # Fewer rows go to torch: one row is its matrix-vector product (or Inductor's multiply-reduce), which
 # already streams the weight once.
