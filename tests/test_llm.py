@@ -241,3 +241,8 @@ def test_offline_api_and_engine_do_not_import_the_server() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_data_parallelism_offline_points_to_the_server(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"not supported offline.*pagedllm serve --data-parallel-size 2"):
+        LLM(model=str(model_dir), data_parallel_size=2, max_model_len=256, optimization_level=0)

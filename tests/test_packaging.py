@@ -42,7 +42,9 @@ def test_wheel_ships_every_c_source(tmp_path: Path) -> None:
     )
     (wheel,) = out.glob("pagedllm-*.whl")
     with zipfile.ZipFile(wheel) as z:
-        shipped = {name for name in z.namelist() if name.endswith(".c")}
-    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "pagedllm").rglob("*.c")}
+        shipped = {name for name in z.namelist() if name.endswith((".c", ".h"))}
+    sources = {
+        p.relative_to(REPO).as_posix() for suffix in ("*.c", "*.h") for p in (REPO / "pagedllm").rglob(suffix)
+    }
     assert sources, "no C sources found in the source tree"
     assert sources <= shipped, f"missing from the wheel: {sorted(sources - shipped)}"

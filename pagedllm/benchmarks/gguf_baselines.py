@@ -1,7 +1,6 @@
 """Baselines of a GGUF model run from its blocks: the same file dequantized (`gguf-dequantized`, the
 float path of the same engine) and llama.cpp (`llama.cpp`, through llama-cpp-python, the optional
-`llamacpp` extra) on the same file with the same thread count; and the bytes a quantized decode step
-actually reads (for the bandwidth roofline)."""
+`llamacpp` extra) on the same file with the same thread count."""
 
 from __future__ import annotations
 
@@ -10,11 +9,8 @@ import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-
-from pagedllm.config.gguf_metadata import read_gguf_header
 
 GGUF_BASELINES = ("gguf-dequantized",)
 
@@ -24,31 +20,6 @@ def dequantized_args(args: argparse.Namespace) -> argparse.Namespace:
     out = copy.deepcopy(args)
     out.model_loader_extra_config = {**(args.model_loader_extra_config or {}), "gguf_dequantize": True}
     return out
-
-
-def runs_quantized(engine_config: Any) -> bool:
-    """Whether the engine runs a GGUF file from its blocks (not dequantized at load)."""
-    from pagedllm.models.loader import effective_quant_config
-
-    quant_config = effective_quant_config(engine_config)
-    return quant_config is not None and quant_config.name == "gguf"
-
-
-def quantized_bytes_per_step(gguf_file: Path, tied: bool) -> int:
-    """Bytes of the file's tensors one decode step reads: all of them (as stored) but the token
-    embedding, of which it gathers one row, unless the embedding is also the (tied) LM head."""
-    header = read_gguf_header(Path(gguf_file))
-    return sum(_tensor_bytes(t) for t in header.tensors if tied or t.name != "token_embd.weight")
-
-
-def _tensor_bytes(info: Any) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block_elems, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
-    elems = 1
-    for d in info.dims:
-        elems *= int(d)
-    return elems // block_elems * block_bytes
 
 
 @dataclass

@@ -11,15 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pagedllm.benchmarks.datasets import grounded_requests, open_chat_requests, random_requests, render_chat
-from pagedllm.benchmarks.gguf_baselines import (
-    GGUF_BASELINES,
-    dequantized_args,
-    quantized_bytes_per_step,
-    run_llama_cpp_latency,
-    runs_quantized,
-)
+from pagedllm.benchmarks.gguf_baselines import GGUF_BASELINES, dequantized_args, run_llama_cpp_latency
 from pagedllm.benchmarks.hf_baseline import add_baseline_args
-from pagedllm.benchmarks.model_stats import ModelStats
+from pagedllm.benchmarks.model_stats import worker_weight_bytes_per_step
 from pagedllm.benchmarks.roofline import copy_bandwidth
 from pagedllm.config.args import EngineArgs
 from pagedllm.core.spec_stats import SpecDecodingStats
@@ -123,11 +117,8 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         prefills.append(res.prefill_s)
         steps.extend(res.decode_steps)
     step_ms = np.asarray(steps) * 1000.0
-    stats = ModelStats.from_model_config(model_config)
-    weight_bytes = stats.weight_bytes_per_step
-    if runs_quantized(engine.engine_config):
-        tied = bool(getattr(model_config.hf_text_config, "tie_word_embeddings", False))
-        weight_bytes = quantized_bytes_per_step(model_config.gguf_file, tied)
+    # As the loaded model holds its weights (quantized layers at their stored size), all ranks' parts.
+    weight_bytes = sum(engine.call_utility("collective_rpc", worker_weight_bytes_per_step, (), None, None))
     bandwidth = max(bandwidth, copy_bandwidth())
     decode_tok_s = args.batch_size * 1000.0 / float(np.median(step_ms))
     limit = bandwidth / weight_bytes

@@ -1,26 +1,27 @@
-"""Parameter and weight-byte counts of a decoder-only model, from its config (for the rooflines).
+"""Parameter counts of a decoder-only model from its config, and the weight bytes a decode step reads
+from the loaded model (for the rooflines).
 
 For a mixture-of-experts model the counts are of the parameters one token uses (its `top_k` routed
-experts, the shared expert and the router), which is what its compute and single-stream decode cost."""
+experts, the shared expert and the router), which is what its compute costs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+from torch import nn
+
+from pagedllm.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedllm.layers.fused_moe.layer import FusedMoE
+from pagedllm.layers.rotary import RotaryEmbedding
 
 
 @dataclass
 class ModelStats:
     num_params: int
-    # Parameters read from memory per decode step (the embedding table is gathered, not read, unless
-    # it doubles as the LM head).
-    num_params_read_per_step: int
     hidden_size: int
     intermediate_size: int
-    dtype_bytes: int
-
-    @property
-    def weight_bytes_per_step(self) -> int:
-        return self.num_params_read_per_step * self.dtype_bytes
 
     @classmethod
     def from_model_config(cls, model_config) -> ModelStats:
@@ -37,10 +38,8 @@ class ModelStats:
         num_params = body + embed * (1 if tied else 2)
         return cls(
             num_params=num_params,
-            num_params_read_per_step=body + embed,
             hidden_size=hidden,
             intermediate_size=inter,
-            dtype_bytes=model_config.dtype.itemsize,
         )
 
 
@@ -54,3 +53,24 @@ def _mlp_params(cfg) -> int:
     shared = getattr(cfg, "shared_expert_intermediate_size", None) or 0
     shared_params = 3 * hidden * shared + hidden if shared else 0  # the shared expert and its gate
     return cfg.num_experts_per_tok * 3 * hidden * expert_inter + shared_params + hidden * experts
+
+
+def resident_weight_bytes_per_step(model: nn.Module) -> int:
+    """Bytes of the weights one single-sequence decode step reads, as `model` holds them: each parameter
+    and buffer once, at its stored size (GGUF blocks, AWQ/GPTQ nibbles, fp8 weights, with their scales),
+    of the experts of a mixture-of-experts layer the `top_k` a token uses, and not the tables a step
+    gathers one row of (the rotary cos/sin cache, the token embedding unless it is the tied LM head)."""
+    read: dict[int, float] = {}
+    for module in model.modules():
+        gathered = isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+        if gathered or isinstance(module, RotaryEmbedding):
+            continue  # a tied LM head holds the embedding table too: counted there
+        share = module.top_k / module.num_experts if isinstance(module, FusedMoE) else 1.0
+        for tensor in chain(module.parameters(recurse=False), module.buffers(recurse=False)):
+            read[tensor.data_ptr()] = tensor.nbytes * share
+    return int(sum(read.values()))
+
+
+def worker_weight_bytes_per_step(worker: Any) -> int:
+    """`resident_weight_bytes_per_step` of a worker's model (through `collective_rpc`: one rank's part)."""
+    return resident_weight_bytes_per_step(worker.runner.model)

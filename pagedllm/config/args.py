@@ -60,11 +60,13 @@ TOP_LEVEL_INTERNAL = frozenset({"instance_id", "quant_config", *FLAT_CONFIGS})
 RENAMES: dict[tuple[str, str], str] = {
     ("scheduler_config", "policy"): "scheduling_policy",
     ("cache_config", "cache_dtype"): "kv_cache_dtype",
+    ("parallel_config", "data_parallel_index"): "data_parallel_rank",
 }
 SHORT_FLAGS: dict[str, tuple[str, ...]] = {
     "tensor_parallel_size": ("-tp",),
     "pipeline_parallel_size": ("-pp",),
     "data_parallel_size": ("-dp",),
+    "data_parallel_rank": ("-dpr",),
     "optimization_level": ("-O",),
     "compilation_config": ("-cc",),
 }

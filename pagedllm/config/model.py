@@ -18,6 +18,7 @@ from pagedllm.config import hf_utils
 from pagedllm.config.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
 from pagedllm.config.model_source import DEFAULT_MODEL, resolve_model_source
 from pagedllm.config.pooler import resolve_pooler_config
+from pagedllm.config.quantization import CHECKPOINT_METHODS, ONLINE_METHODS
 from pagedllm.config.utils import config, hash_fields
 
 if TYPE_CHECKING:
@@ -101,8 +102,10 @@ class ModelConfig:
     """Directory Hub models are downloaded to (default: the Hugging Face cache)."""
     max_model_len: Annotated[int, Field(gt=0)] | None = None
     """Context length (prompt plus output); unset: the model's maximum."""
-    quantization: Literal["gguf"] | None = None
-    """Quantization method of the weights; set to "gguf" automatically for GGUF models."""
+    quantization: Literal["gguf", "awq", "gptq", "fp8"] | None = None
+    """Quantization method of the weights; set automatically: "gguf" for GGUF models, "awq" / "gptq" /
+    "fp8" from an HF checkpoint's `quantization_config` (naming another method than the checkpoint's is
+    an error). "fp8" on an unquantized checkpoint: its linear layers stored as fp8 e4m3 at load."""
     enforce_eager: bool = False
     """Run the model eagerly: no compilation, no CUDA graphs."""
     max_logprobs: Annotated[int, Field(ge=-1)] = 20
@@ -165,23 +168,14 @@ class ModelConfig:
             header = read_gguf_header(source.gguf_file)
             hf_config = hf_config_from_gguf(header)
             self.chat_template = gguf_chat_template(header)
-            if self.quantization is None:
-                self.quantization = "gguf"
+            if self.quantization not in (None, "gguf"):
+                raise ValueError(f"quantization={self.quantization!r} conflicts with GGUF file {self.model!r}")
+            self.quantization = "gguf"
         else:
             hf_config = hf_utils.load_hf_config(source.path, self.trust_remote_code, self.revision)
             if self.quantization == "gguf":
                 raise ValueError(f"quantization='gguf' but model {self.model!r} is not a GGUF file")
-            quant = getattr(hf_config, "quantization_config", None)
-            if quant:
-                method = (
-                    quant.get("quant_method")
-                    if isinstance(quant, dict)
-                    else getattr(quant, "quant_method", "?")
-                )
-                raise ValueError(
-                    f"model {self.model!r} is quantized with {method!r}, which is not supported "
-                    "(supported: unquantized safetensors, GGUF)"
-                )
+            self.quantization = self._checkpoint_quantization(hf_config)
         for key, value in self.hf_overrides.items():
             setattr(hf_config, key, value)
         self.hf_config: PretrainedConfig = hf_config
@@ -202,6 +196,33 @@ class ModelConfig:
         )
 
     # -- construction helpers ---------------------------------------------------------------------
+    def _checkpoint_quantization(self, hf_config: PretrainedConfig) -> str | None:
+        """The method of an HF checkpoint: its config.json's `quantization_config.quant_method` (as
+        vLLM detects it), which the `quantization` flag may name but never contradict."""
+        quant = getattr(hf_config, "quantization_config", None)
+        if not quant:
+            if self.quantization in CHECKPOINT_METHODS and self.quantization not in ONLINE_METHODS:
+                raise ValueError(
+                    f"quantization={self.quantization!r} but model {self.model!r} has no quantization_config "
+                    "in its config.json (an unquantized checkpoint)"
+                )
+            return self.quantization
+        method = (
+            quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+        )
+        method = str(method).lower()
+        if method not in CHECKPOINT_METHODS:
+            raise ValueError(
+                f"model {self.model!r} is quantized with {method!r}, which is not supported "
+                f"(supported: unquantized safetensors, GGUF, {', '.join(CHECKPOINT_METHODS)})"
+            )
+        if self.quantization is not None and self.quantization != method:
+            raise ValueError(
+                f"quantization={self.quantization!r} conflicts with model {self.model!r}, whose "
+                f"config.json quantization_config says quant_method={method!r}"
+            )
+        return method
+
     def _resolve_dtype(self) -> torch.dtype:
         from pagedllm.platforms import current_platform
 

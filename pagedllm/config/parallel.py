@@ -40,9 +40,11 @@ class ParallelConfig:
     data_parallel_size: Annotated[int, Field(ge=1)] = 1
     """Number of data parallel engine replicas."""
     data_parallel_index: Annotated[int, Field(ge=0)] = 0
-    """Index of this replica among the data parallel ones."""
+    """Index of this replica among the data parallel ones (vLLM's --data-parallel-rank): the rank this
+    server runs behind an external load balancer; `pagedllm serve` numbers its own engine cores."""
     data_parallel_external_lb: bool = False
-    """Requests are balanced across data parallel replicas by an external load balancer."""
+    """Requests are balanced across data parallel replicas by an external load balancer: this server
+    runs one rank (data_parallel_index) of data_parallel_size."""
     rank: Annotated[int, Field(ge=0)] = 0
     """Global rank of this worker (set by the executor)."""
     decode_context_parallel_size: Annotated[int, Field(ge=1)] = 1
@@ -80,6 +82,16 @@ class ParallelConfig:
     """Whether the model is a mixture of experts; copied from the model config."""
 
     def __post_init__(self) -> None:
+        if self.data_parallel_index >= self.data_parallel_size:
+            raise ValueError(
+                f"data_parallel_rank={self.data_parallel_index} must be below "
+                f"data_parallel_size={self.data_parallel_size}"
+            )
+        if self.data_parallel_index > 0 and not self.data_parallel_external_lb:
+            raise ValueError(
+                f"data_parallel_rank={self.data_parallel_index} names the one rank a server runs behind an "
+                "external load balancer: add data_parallel_external_lb=True (--data-parallel-external-lb)"
+            )
         if self.distributed_executor_backend is None:
             self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
         # Upstream sets this from the KV connector; no connector here resolves it automatically.

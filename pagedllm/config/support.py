@@ -1,7 +1,7 @@
 """The single gate between what the configuration can express and what pagedllm implements.
 
 Why a gate: the configuration follows the upstream spec, which describes many features pagedllm does
-not have (data/context parallelism, DBO, engram, diffusion, the draft-model and EAGLE drafters, ...).
+not have (context parallelism, DBO, engram, diffusion, ...).
 Their sub-configs and rules exist so that the spec's algorithms (CUDA-graph capture sizes with
 speculative decode, lookahead slots, KV offloading -> connector derivation) are computed exactly and can be tested. But a user enabling one must get a clear
 error, never a silently ignored flag. So `EngineConfig.__post_init__` runs the whole construction and
@@ -32,10 +32,17 @@ SUPPORTED = (
     "from HF safetensors directories or GGUF files (Phi-3 GGUF without LongRoPE factors; dequantized at "
     "load, or with model_loader_extra_config gguf_dequantize=false the linear layers and the embedding / "
     "LM head of Llama-family models run from the Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K-Q6_K blocks); "
+    "4-bit AWQ (GEMM layout) and GPTQ (v1 format, with or without act-order) checkpoints, detected from "
+    "config.json's quantization_config, their linear layers run from the packed weights; online fp8 "
+    "(quantization='fp8': an unquantized checkpoint's linear layers stored as e4m3 with per-channel "
+    "scales) and fp8 checkpoints (e4m3 weights with per-tensor or per-channel weight_scale, detected from "
+    "config.json; not block-wise weight_block_size scales, not compressed-tensors); "
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
     "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
-    "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp', 'ray' or 'external_launcher'); torch.compile levels O0-O3 "
+    "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp', 'ray' or 'external_launcher'); "
+    "data parallelism under `pagedllm serve` (data_parallel_size engine cores behind one server, or one rank "
+    "per server with data_parallel_external_lb and data_parallel_rank); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
     "structured_outputs_config.reasoning_parser); sleep mode (levels 1 and 2); weight updates from an RL "
@@ -48,7 +55,8 @@ SUPPORTED = (
     "OffloadingConnector (kv_offloading_size with kv_offloading_backend='native') and MultiConnector; "
     "LoRA adapters in the PEFT format on the attention and MLP projections of generative models "
     "(lora_config: max_loras, max_cpu_loras, max_lora_rank, lora_dtype; not fully_sharded_loras); "
-    "speculative decoding with the ngram and suffix methods; "
+    "speculative decoding with the ngram, suffix, draft_model, eagle and eagle3 methods (EAGLE heads of "
+    "Llama-family targets; eagle3 with an eager target); "
     "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
 
@@ -94,7 +102,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
     )
     checks: list[tuple[bool, str]] = [
-        *_speculative_checks(cfg.speculative_config),
+        *_speculative_checks(cfg.speculative_config, cfg.compilation_config.mode),
         (
             cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
             "lora_config.fully_sharded_loras (needs tensor parallelism)",
@@ -135,7 +143,7 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
         (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
         (cfg.offload_config.cpu_offload_gb > 0, "offload_config.cpu_offload_gb (weight offloading)"),
-        (pc.data_parallel_size > 1, "parallel_config.data_parallel_size > 1 (data parallelism)"),
+        *_data_parallel_checks(cfg),
         (pc.decode_context_parallel_size > 1, "parallel_config.decode_context_parallel_size > 1"),
         (pc.prefill_context_parallel_size > 1, "parallel_config.prefill_context_parallel_size > 1"),
         (pc.enable_dbo, "parallel_config.enable_dbo (dual batch overlap)"),
@@ -145,11 +153,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (
             pc.tensor_parallel_size > 1 and cfg.quant_config is not None,
             "parallel_config.tensor_parallel_size > 1 with quantization (quantized layers are not sharded)",
-        ),
-        _named(
-            "parallel_config",
-            _changed(pc, ("data_parallel_index", "data_parallel_external_lb")),
-            "data parallelism",
         ),
         _named(
             "parallel_config",
@@ -279,14 +282,56 @@ def _single_rank_only(cfg: EngineConfig) -> list[tuple[bool, str]]:
     ]
 
 
-def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
+def _data_parallel_checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
+    pc = cfg.parallel_config
+    if pc.data_parallel_size == 1:
+        return []
+    return [
+        (
+            pc.distributed_executor_backend in ("ray", "external_launcher"),
+            f"data parallelism with distributed_executor_backend={pc.distributed_executor_backend!r} "
+            "(each data parallel engine core runs 'uni' or 'mp' workers)",
+        ),
+        (
+            cfg.weight_transfer_config is not None,
+            "weight_transfer_config with data parallelism (a trainer's group spans one engine's workers)",
+        ),
+    ]
+
+
+def check_in_process(cfg: EngineConfig) -> None:
+    """Raise ValueError for what the offline engine (`LLM`, `LLMEngine`: one engine core in the calling
+    process) cannot run although the server can: data parallelism with internal load balancing."""
+    if _allow_depth:
+        return
+    pc = cfg.parallel_config
+    if pc.data_parallel_size > 1 and not pc.data_parallel_external_lb:
+        raise ValueError(
+            f"data_parallel_size={pc.data_parallel_size} is not supported offline (LLM and LLMEngine run one "
+            "engine core in this process): serve the model with `pagedllm serve --data-parallel-size "
+            f"{pc.data_parallel_size}`, or run one LLM per rank with data_parallel_external_lb=True and "
+            "data_parallel_rank=<rank>"
+        )
+
+
+def _speculative_checks(spec: Any, compilation_mode: CompilationMode | None) -> list[tuple[bool, str]]:
     if spec is None:
         return []
     return [
         (
+            # The head reads intermediate layers through forward hooks, which a compiled forward skips.
+            spec.method == "eagle3" and compilation_mode not in (None, CompilationMode.NONE),
+            "speculative_config.method='eagle3' with a compiled forward (run the target eagerly: "
+            "enforce_eager=True or -O0)",
+        ),
+        (
             spec.method not in IMPLEMENTED_METHODS,
             f"speculative_config.method={spec.method!r} (speculative decoding methods other than "
             f"{', '.join(IMPLEMENTED_METHODS)})",
+        ),
+        (
+            spec.method in ("draft_model", "eagle", "eagle3") and not spec.model,
+            f"speculative_config.method={spec.method!r} without speculative_config.model (the draft model)",
         ),
         (spec.parallel_drafting, "speculative_config.parallel_drafting (parallel drafting)"),
         (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),

@@ -74,3 +74,5 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     timestamp: float = msgspec.field(default_factory=time.time)
     # Requests the core finished on its own initiative (e.g. rejected at admission): id -> message.
     errors: dict[str, str] = {}
+    # The data parallel rank of the core that sent these (parallel_config.data_parallel_index).
+    engine_index: int = 0

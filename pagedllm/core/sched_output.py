@@ -38,6 +38,9 @@ class CachedRequestData:
     # Blocks appended to the request's block table this step (possibly empty).
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    # Each request's input tokens this step, sent only while several batches are in flight (pipeline
+    # parallelism): only the output rank samples, and the other ranks learn the tokens here.
+    token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:

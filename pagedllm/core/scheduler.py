@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.kv_events import KVCacheEvent
-from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from pagedllm.core.pipelining import BatchPipeline
 from pagedllm.core.request import GrammarState, Request, RequestStatus
 from pagedllm.core.request_queue import RequestQueue
-from pagedllm.core.runner_output import ModelRunnerOutput, trim_logprobs
 from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
+from pagedllm.core.scheduler_update import SchedulerUpdate
 from pagedllm.core.spec_stats import SpecDecodingStats
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class GrammarBitmaskFiller(Protocol):
 logger = logging.getLogger("pagedllm.core")
 
 
-class Scheduler:
+class Scheduler(SchedulerUpdate):
     def __init__(
         self,
         scheduler_config: SchedulerConfig,
@@ -52,6 +52,8 @@ class Scheduler:
         enable_kv_cache_events: bool = False,
         kv_connector: KVConnectorBase | None = None,
         max_loras: int | None = None,
+        max_concurrent_batches: int = 1,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         if scheduler_config.max_num_seqs is None or scheduler_config.max_num_batched_tokens is None:
             raise ValueError("the scheduler needs a resolved max_num_seqs and max_num_batched_tokens")
@@ -79,6 +81,9 @@ class Scheduler:
         self.policy: str = scheduler_config.policy
         # Distinct LoRA adapters the running requests may use at once (None: LoRA is off).
         self.max_loras = max_loras
+        # KV slots reserved past each request's scheduled tokens: a draft model writes the KV of its
+        # own draft tokens there (through the target's block table) before the target verifies them.
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.max_model_len = max_model_len
         self.block_size = cache_config.block_size
         self.log_stats = log_stats
@@ -125,6 +130,9 @@ class Scheduler:
         if kv_connector is not None:
             kv_connector.bind_scheduler(self.requests, self.kv_cache_manager)
         self.spec_stats = SpecDecodingStats()
+        # Several batches in flight (pipeline parallelism): balanced batches, and the stages that do not
+        # sample learn each step's input tokens from the scheduler output. None for one batch at a time.
+        self.pipeline = BatchPipeline(max_concurrent_batches) if max_concurrent_batches > 1 else None
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -262,6 +270,8 @@ class Scheduler:
         spec_decode_tokens: dict[str, list[int]] = {}
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
+        pipeline = self.pipeline
+        seats = self.max_num_seqs if pipeline is None else pipeline.seats(len(self.running) + len(self.waiting))
 
         # Running requests first, in admission order.
         i = 0
@@ -272,7 +282,9 @@ class Scheduler:
                 i += 1
                 continue
             while True:
-                new_blocks = kv.allocate_slots(request, num_new)
+                new_blocks = kv.allocate_slots(
+                    request, num_new, num_lookahead_tokens=self.num_lookahead_tokens
+                )
                 if new_blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -306,12 +318,14 @@ class Scheduler:
             scheduled_running.append(request)
             token_budget -= num_new
             i += 1
+            if len(scheduled_running) == seats:
+                break
 
         # Then waiting requests, unless this step had to preempt (the cache is full: admitting now would
         # only preempt again).
         scheduled_new: list[Request] = []
         if not preempted:
-            scheduled_new = self._schedule_waiting(token_budget, num_scheduled_tokens)
+            scheduled_new = self._schedule_waiting(token_budget, num_scheduled_tokens, seats - len(scheduled_running))
 
         # Build the output from the state before this step, then advance num_computed_tokens (the
         # tokens are in flight; the next schedule() treats them as computed).
@@ -333,6 +347,12 @@ class Scheduler:
             new_block_ids=[new_block_ids[r.request_id] for r in scheduled_running],
             num_computed_tokens=[r.num_computed_tokens for r in scheduled_running],
         )
+        if pipeline is not None:
+            cached.token_ids = [
+                r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + num_scheduled_tokens[r.request_id]]
+                for r in scheduled_running
+            ]
+            pipeline.started(num_scheduled_tokens)
         for r in scheduled_running:
             r.num_computed_tokens += num_scheduled_tokens[r.request_id]
         for r in scheduled_new:
@@ -352,7 +372,9 @@ class Scheduler:
             output.kv_connector_metadata = self.kv_connector.build_connector_meta(output)
         return output
 
-    def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int]) -> list[Request]:
+    def _schedule_waiting(
+        self, token_budget: int, num_scheduled_tokens: dict[str, int], seats: int
+    ) -> list[Request]:
         """Admit waiting (and preempted) requests in policy order while budget, seats and blocks last.
         Stops at the first request that does not fit, so no request is overtaken by a later one: that
         also holds for a request whose LoRA adapter would be one more than `max_loras` running
@@ -361,8 +383,16 @@ class Scheduler:
         kv = self.kv_cache_manager
         scheduled: list[Request] = []
         loras = {r.lora_int_id for r in self.running if r.lora_int_id} if self.max_loras else set()
-        while self.waiting and not self.hold_waiting and token_budget > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and not self.hold_waiting
+            and token_budget > 0
+            and len(self.running) < self.max_num_seqs
+            and len(scheduled) < seats
+        ):
             request = self.waiting.peek()
+            if self.pipeline is not None and self.pipeline.awaits_output(request.request_id):
+                break  # preempted while in flight: resumed once that batch's tokens are in
             if (
                 self.max_loras
                 and request.lora_int_id
@@ -383,7 +413,9 @@ class Scheduler:
             num_new = self._num_new_tokens(request, num_hit, token_budget)
             if self.reserve_full_prompt and not kv.can_fit(request, computed_blocks):
                 break
-            new_blocks = kv.allocate_slots(request, num_new, num_hit, computed_blocks)
+            new_blocks = kv.allocate_slots(
+                request, num_new, num_hit, computed_blocks, self.num_lookahead_tokens
+            )
             if new_blocks is None:
                 break
             self.waiting.pop()
@@ -442,136 +474,3 @@ class Scheduler:
                 and req_id not in self.constrained_req_ids
             ):
                 request.spec_token_ids = list(token_ids)
-
-    # ---------------------------------------------------------------------------------- outputs
-    def _check_stop(self, request: Request) -> bool:
-        """After a token was appended: set the finished status and return True if the request ends."""
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            last = request.output_token_ids[-1]
-            if last == request.eos_token_id and not params.ignore_eos:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if last in request.stop_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = last
-                return True
-        # max_model_len wins over min_tokens: the sequence cannot grow past it.
-        max_tokens = request.max_tokens
-        if request.num_tokens >= self.max_model_len or (
-            max_tokens is not None and request.num_output_tokens >= max_tokens
-        ):
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
-
-    def update_from_output(
-        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> EngineCoreOutputs:
-        outputs: list[EngineCoreOutput] = []
-        index = model_runner_output.req_id_to_index
-        sampled = model_runner_output.sampled_token_ids
-        logprobs = model_runner_output.logprobs
-        prompt_logprobs = model_runner_output.prompt_logprobs
-        pooler_output = model_runner_output.pooler_output
-        spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
-        any_stopped = False
-        for key, value in model_runner_output.kv_connector_stats.items():
-            self.kv_connector_stats[key] = self.kv_connector_stats.get(key, 0.0) + value
-        for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(req_id)
-            if request is None:
-                continue  # aborted after it was scheduled
-            i = index.get(req_id)
-            generated = sampled[i] if i is not None else []
-            if spec_decode_tokens and generated and req_id in spec_decode_tokens:
-                # The runner returns the accepted drafts plus one token: the KV of the rejected
-                # drafts is recomputed (overwritten) from here on.
-                request.num_computed_tokens -= len(spec_decode_tokens[req_id]) + 1 - len(generated)
-                self.spec_stats.observe(len(spec_decode_tokens[req_id]), len(generated) - 1)
-            new_token_ids: list[int] = []
-            stopped = False
-            grammar = request.structured_output_request
-            for token_id in generated:
-                request.append_output_token_ids(token_id)
-                new_token_ids.append(token_id)
-                if grammar is not None and not grammar.accept_token(token_id):
-                    logger.error("request %s: token %d is not allowed by its grammar", req_id, token_id)
-                if self._check_stop(request):
-                    stopped = True
-                    break
-                if grammar is not None and grammar.is_terminated():
-                    # The grammar is complete (it accepted its stop token): nothing else may follow.
-                    request.status = RequestStatus.FINISHED_STOPPED
-                    stopped = True
-                    break
-            pooled = pooler_output.get(req_id)
-            if pooled is not None:
-                # A pooling request is done once its prompt is computed: it generates nothing.
-                request.status = RequestStatus.FINISHED_STOPPED
-                stopped = True
-            req_prompt_logprobs = prompt_logprobs.get(req_id)
-            if not (new_token_ids or req_prompt_logprobs is not None or stopped):
-                continue  # mid-prefill chunk: nothing to report
-            # A request with new tokens was in the runner's output, so `i` is set.
-            new_logprobs = logprobs[i] if new_token_ids and i is not None and i < len(logprobs) else None
-            if new_logprobs is not None and len(new_logprobs.sampled_token_ranks) > len(new_token_ids):
-                # Stopped inside a run of accepted drafts: the tokens after the stop are dropped.
-                new_logprobs = trim_logprobs(new_logprobs, len(new_token_ids))
-            outputs.append(
-                EngineCoreOutput(
-                    request_id=req_id,
-                    new_token_ids=new_token_ids,
-                    new_logprobs=new_logprobs,
-                    new_prompt_logprobs=req_prompt_logprobs,
-                    finish_reason=request.get_finished_reason(),
-                    stop_reason=request.stop_reason,
-                    num_cached_tokens=max(request.num_cached_tokens, 0),
-                    # Rides on the first output rather than a message of its own (a mid-prefill chunk
-                    # reports nothing): queue time is only recorded once the request finishes anyway.
-                    first_scheduled_time=request.take_first_scheduled_time(),
-                    pooling_output=pooled,
-                )
-            )
-            if stopped:
-                any_stopped = True
-                self._free_request(request)
-        if any_stopped:
-            self.running = [r for r in self.running if not r.is_finished()]
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
-
-    def make_stats(self) -> SchedulerStats | None:
-        """Queue lengths and cache usage now; prefix-cache counts and preemptions since the last call."""
-        if not self.log_stats:
-            return None
-        queries, hits = self.kv_cache_manager.take_prefix_cache_stats()
-        num_preemptions, self.num_preemptions = self.num_preemptions, 0
-        external = (self.external_queries, self.external_hits)
-        self.external_queries = self.external_hits = 0
-        connector_stats, self.kv_connector_stats = self.kv_connector_stats, {}
-        spec, self.spec_stats = self.spec_stats, SpecDecodingStats()
-        return SchedulerStats(
-            num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
-            kv_cache_usage=self.kv_cache_manager.usage,
-            prefix_cache_queries=queries,
-            prefix_cache_hits=hits,
-            num_preemptions=num_preemptions,
-            external_prefix_cache_queries=external[0],
-            external_prefix_cache_hits=external[1],
-            kv_connector_stats=connector_stats,
-            running_lora_adapters=_adapter_counts(self.running) if self.max_loras else {},
-            waiting_lora_adapters=_adapter_counts(self.waiting) if self.max_loras else {},
-            spec_num_drafts=spec.num_drafts,
-            spec_num_draft_tokens=spec.num_draft_tokens,
-            spec_num_accepted_tokens=spec.num_accepted_tokens,
-            spec_num_accepted_tokens_per_pos=spec.num_accepted_tokens_per_pos,
-        )
-
-
-def _adapter_counts(requests: Iterable[Request]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in requests:
-        if r.lora_request is not None:
-            counts[r.lora_request.lora_name] = counts.get(r.lora_request.lora_name, 0) + 1
-    return counts

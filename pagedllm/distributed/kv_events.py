@@ -155,13 +155,25 @@ class ZmqEventPublisher(EventPublisher):
         self._replay.send_multipart((client, b"", END_SEQ, b""))
 
 
+def offset_endpoint(endpoint: str, data_parallel_rank: int) -> str:
+    """The endpoint of one data parallel rank: each engine core publishes on its own (vLLM's rule: a TCP
+    port grows by the rank, other transports get a `_dp<rank>` suffix); rank 0 keeps the configured one."""
+    if data_parallel_rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        address, port = endpoint.rsplit(":", 1)
+        return f"{address}:{int(port) + data_parallel_rank}"
+    return f"{endpoint}_dp{data_parallel_rank}"
+
+
 def make_event_publisher(config: KVEventsConfig | None, data_parallel_rank: int = 0) -> EventPublisher:
     """The publisher `kv_events_config` asks for (the null one unless events are on with "zmq")."""
     if config is None or not config.enable_kv_cache_events or config.publisher != "zmq":
         return EventPublisher(data_parallel_rank)
+    replay = config.replay_endpoint
     return ZmqEventPublisher(
-        config.endpoint,
-        config.replay_endpoint,
+        offset_endpoint(config.endpoint, data_parallel_rank),
+        None if replay is None else offset_endpoint(replay, data_parallel_rank),
         config.buffer_steps,
         config.hwm,
         config.max_queue_size,

@@ -12,6 +12,7 @@ rank whose collectives return their input, so the layers need no special case.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -114,6 +115,14 @@ def output_rank(tensor_parallel_size: int, pipeline_parallel_size: int) -> int:
     """The global rank that samples and whose results the executor returns: the first rank of the
     last pipeline stage (the stage holding the LM head)."""
     return (pipeline_parallel_size - 1) * tensor_parallel_size
+
+
+def max_concurrent_batches(parallel_config: Any) -> int:
+    """How many batches the engine keeps in flight: one per pipeline stage under an executor that
+    drives the workers from the engine (`mp`, `ray`), so the stages overlap; one otherwise (each
+    `external_launcher` rank runs its own engine in lock-step with the others)."""
+    pp = parallel_config.pipeline_parallel_size
+    return pp if parallel_config.distributed_executor_backend in ("mp", "ray") else 1
 
 
 def is_output_rank() -> bool:

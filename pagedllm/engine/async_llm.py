@@ -1,7 +1,8 @@
 """`AsyncLLM`: the asyncio front-end of the server over an EngineCore in its own process.
 
 The event loop only validates and tokenizes requests, detokenizes outputs and moves messages: the model
-runs in the core process (`AsyncMPClient`). One output-handler task reads the core's outputs, turns them
+runs in the core process (`AsyncMPClient`; with data parallelism one core per rank, `DPAsyncMPClient`).
+One output-handler task reads the core's outputs, turns them
 into `RequestOutput`s (`OutputProcessor`) and drops each into its request's one-slot mailbox
 (`RequestOutputCollector`), which the request's `RequestStream` reads. Leaving a stream early (client
 disconnect, cancelled task) aborts the request in the core, which frees its KV blocks.
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pagedllm.config.watermark_check import check_supports_watermarking
 from pagedllm.engine.core_client import AsyncMPClient, EngineCoreProcess, EngineDeadError
+from pagedllm.engine.dp_client import DPAsyncMPClient, start_core_client
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason
@@ -70,7 +72,7 @@ class AsyncLLM:
     def __init__(
         self,
         engine_config: EngineConfig,
-        client: AsyncMPClient,
+        client: AsyncMPClient | DPAsyncMPClient,
         tokenizer: Any,
         model_name: str,
         log_stats: bool = True,
@@ -97,6 +99,7 @@ class AsyncLLM:
         self.prometheus = PrometheusStatLogger(
             model_name, self.max_model_len, lora_config.max_loras if lora_config is not None else None,
             speculative=engine_config.speculative_config is not None,
+            engine_indexes=_metric_engine_indexes(engine_config),
         )
         # LoRA adapters the core has read and checked (each is checked before its first request).
         self._loras: set[int] = set()
@@ -128,7 +131,7 @@ class AsyncLLM:
 
         # The core loads the model while this process loads the tokenizer (in a thread: it reads files,
         # and the event loop stays free).
-        client_start = asyncio.create_task(AsyncMPClient.start(engine_config, core_process))
+        client_start = asyncio.create_task(start_core_client(engine_config, core_process))
         try:
             tokenizer = await asyncio.to_thread(get_tokenizer, engine_config.model_config)
         except BaseException:
@@ -197,10 +200,11 @@ class AsyncLLM:
         """Forget a request here and abort it in the core (the message is sent in the background)."""
         core_ids = self.output_processor.abort_requests([request_id])
         self._collectors.pop(request_id, None)
-        finished = (self._tracker.finish_request(i, FinishReason.ABORT) for i in core_ids)
-        finished_stats = [s for s in finished if s is not None]
-        if finished_stats:
-            self.prometheus.record(None, IterationStats(finished_requests=finished_stats))
+        for core_id in core_ids:
+            finished = self._tracker.finish_request(core_id, FinishReason.ABORT)
+            if finished is not None:
+                engine = self.client.engine_index_of(core_id)
+                self.prometheus.record(None, IterationStats(finished_requests=[finished]), engine)
         if core_ids and not self.is_dead:
             self._spawn(self.client.abort_requests_async(core_ids))
 
@@ -259,8 +263,8 @@ class AsyncLLM:
     async def check_health(self) -> None:
         """Raises EngineDeadError when the engine can no longer serve requests."""
         self._raise_if_dead()
-        if not self.client.process.is_alive():
-            raise EngineDeadError("The engine core process is not running")
+        if not all(process.is_alive() for process in self.client.processes):
+            raise EngineDeadError("An engine core process is not running")
 
     # --------------------------------------------------------------------------------- output loop
     async def _output_handler(self) -> None:
@@ -293,9 +297,9 @@ class AsyncLLM:
             finished = self._tracker.finish_request(core_id, FinishReason.STOP)
             if finished is not None:
                 iteration_stats.finished_requests.append(finished)
-        self.prometheus.record(outputs.scheduler_stats, iteration_stats)
+        self.prometheus.record(outputs.scheduler_stats, iteration_stats, outputs.engine_index)
         if self.stat_logger is not None:
-            self.stat_logger.record(outputs.scheduler_stats, iteration_stats)
+            self.stat_logger.record(outputs.scheduler_stats, iteration_stats, outputs.engine_index)
 
     def _fail_all(self, error: Exception) -> None:
         for collector in self._collectors.values():
@@ -331,3 +335,14 @@ class AsyncLLM:
         self.client.shutdown()
         if self.observer is not None:
             self.observer.shutdown()
+
+
+def _metric_engine_indexes(engine_config: EngineConfig) -> list[int] | None:
+    """The `engine` label values of the metrics: each data parallel rank this server runs (all of them,
+    or its one rank behind an external load balancer); None without data parallelism (no label)."""
+    pc = engine_config.parallel_config
+    if pc.data_parallel_size == 1:
+        return None
+    if pc.data_parallel_external_lb:
+        return [pc.data_parallel_index]
+    return list(range(pc.data_parallel_size))

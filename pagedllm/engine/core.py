@@ -1,4 +1,5 @@
-"""EngineCore: the scheduler and the executor, stepped one batch at a time.
+"""EngineCore: the scheduler and the executor, stepped one batch at a time (or, under pipeline
+parallelism, with one batch in flight per stage).
 
 The front-end (LLMEngine in-process, or the server's engine-core process with its busy loop and ZMQ
 I/O in `core_proc.py`) feeds it `EngineCoreRequest`s and calls `step()` while
@@ -9,11 +10,13 @@ offline use and the server.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from typing import Any
 
 from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
 from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.distributed.kv_events import make_event_publisher
 from pagedllm.distributed.kv_transfer import KVConnectorRole, create_connector
@@ -23,6 +26,7 @@ from pagedllm.engine.lora_ops import LoRAOps
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.executor import Executor
+from pagedllm.executor.abstract import StepFuture
 from pagedllm.structured_output.manager import StructuredOutputManager
 from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_from_budget
 
@@ -42,6 +46,7 @@ class EngineCore(EngineCoreOps, LoRAOps):
         try:
             num_blocks = self._initialize_kv_caches()
             cache_config = engine_config.cache_config
+            max_batches = self.model_executor.max_concurrent_batches
             self.structured_output_manager = _make_structured_output_manager(engine_config)
             self.scheduler = Scheduler(
                 engine_config.scheduler_config,
@@ -53,9 +58,13 @@ class EngineCore(EngineCoreOps, LoRAOps):
                 enable_kv_cache_events=_kv_events_enabled(engine_config),
                 kv_connector=create_connector(engine_config, KVConnectorRole.SCHEDULER, self.kv_cache_spec),
                 max_loras=engine_config.lora_config.max_loras if engine_config.lora_config else None,
+                max_concurrent_batches=max_batches,
+                num_lookahead_tokens=engine_config.num_lookahead_tokens,
             )
             self.block_hasher = get_request_block_hasher(cache_config)
-            self.kv_event_publisher = make_event_publisher(engine_config.kv_events_config)
+            self.kv_event_publisher = make_event_publisher(
+                engine_config.kv_events_config, engine_config.parallel_config.data_parallel_index
+            )
         except BaseException:
             self.model_executor.shutdown()
             raise
@@ -66,6 +75,11 @@ class EngineCore(EngineCoreOps, LoRAOps):
         # Requests refused at admission, reported (once) by the next step().
         self._admission_errors: dict[str, str] = {}
         self._asleep: set[str] = set()
+        # Pipeline parallelism: the batches in flight, oldest first (None: one batch at a time), and
+        # the most that were ever in flight at once.
+        self._max_batches = max_batches
+        self._batch_queue: deque[tuple[SchedulerOutput, StepFuture]] | None = deque() if max_batches > 1 else None
+        self.max_batches_in_flight = 0
 
     def _initialize_kv_caches(self) -> int:
         """Size the KV cache in blocks, record it in `cache_config.num_gpu_blocks`, allocate it."""
@@ -129,7 +143,7 @@ class EngineCore(EngineCoreOps, LoRAOps):
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._admission_errors) or self.scheduler.has_unfinished_requests()
+        return bool(self._admission_errors) or self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule one batch, run it, and return what each request produced.
@@ -137,7 +151,9 @@ class EngineCore(EngineCoreOps, LoRAOps):
         The stages, in order: schedule -> grammar bitmask (structured outputs) -> execute (the forward)
         -> sample (under the bitmask) -> propose drafts (speculative decoding) -> update the requests.
         The bitmask is computed while the workers run the forward, which it does not need."""
-        if self.scheduler.has_unfinished_requests():
+        if self._batch_queue is not None:
+            outputs = self._step_with_batch_queue(self._batch_queue)
+        elif self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()
             self.model_executor.execute_model(scheduler_output)
             grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
@@ -157,6 +173,27 @@ class EngineCore(EngineCoreOps, LoRAOps):
             self._admission_errors = {}
         self.kv_event_publisher.publish_events(self.scheduler.take_kv_events())
         return outputs
+
+    def _step_with_batch_queue(self, queue: deque[tuple[SchedulerOutput, StepFuture]]) -> EngineCoreOutputs:
+        """Pipeline parallelism: while a stage is free, start another batch and return (nothing is
+        finished yet); once every stage has one, or nothing more can be scheduled, wait for the oldest
+        batch and return its outputs. Stage 0 then runs batch N+1 while stage 1 runs batch N."""
+        if len(queue) < self._max_batches and self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            if scheduler_output.total_num_scheduled_tokens or scheduler_output.preempted_req_ids:
+                grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
+                queue.append((scheduler_output, self.model_executor.submit_step(scheduler_output, grammar_output)))
+                self.max_batches_in_flight = max(self.max_batches_in_flight, len(queue))
+                if len(queue) < self._max_batches:
+                    return EngineCoreOutputs()
+            else:
+                # Every running request waits for its batch in flight: the runner learns of the
+                # finished ones with the next batch.
+                self.scheduler.finished_req_ids |= scheduler_output.finished_req_ids
+        if not queue:
+            return EngineCoreOutputs()
+        scheduler_output, future = queue.popleft()
+        return self.scheduler.update_from_output(scheduler_output, future.result())
 
     def reset_prefix_cache(self) -> bool:
         reset = bool(self.scheduler.reset_prefix_cache())

@@ -73,8 +73,13 @@ class EngineCoreProcess:
         self.process.start()
         receiver.close()
 
-    def launch(self, engine_config: EngineConfig, input_addr: str, output_addr: str) -> None:
-        launch = CoreLaunch(engine_config, input_addr, output_addr, os.getpid(), dict(os.environ))
+    def launch(
+        self, engine_config: EngineConfig, input_addr: str, output_addr: str, environ: dict[str, str] | None = None
+    ) -> None:
+        """Hand the process its configuration; ``environ``: variables of this core only (its devices)."""
+        launch = CoreLaunch(
+            engine_config, input_addr, output_addr, os.getpid(), {**os.environ, **(environ or {})}
+        )
         # A few kB, within the pipe's buffer: this does not wait for the child to finish its imports.
         with contextlib.suppress(BrokenPipeError):  # a child that died is reported by its exit code
             self._sender.send(launch)
@@ -91,7 +96,15 @@ class EngineCoreProcess:
 class AsyncMPClient:
     """Talks to an EngineCore running in a child process (create it with `await AsyncMPClient.start`)."""
 
-    def __init__(self, engine_config: EngineConfig, core_process: EngineCoreProcess | None = None) -> None:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        core_process: EngineCoreProcess | None = None,
+        outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] | None = None,
+        environ: dict[str, str] | None = None,
+    ) -> None:
+        """``outputs``: a queue shared with other cores' clients (data parallelism), else its own;
+        ``environ``: variables set in this core's process only."""
         self._ipc_dir = tempfile.mkdtemp(prefix="pagedllm-")
         input_addr = f"ipc://{os.path.join(self._ipc_dir, 'input')}"
         output_addr = f"ipc://{os.path.join(self._ipc_dir, 'output')}"
@@ -106,7 +119,11 @@ class AsyncMPClient:
         self._outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self._dead_error: EngineDeadError | None = None
         self._closed = False
-        self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
+        # Set by terminate(): the core was asked to stop, its exit is no death.
+        self._terminating = False
+        self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = (
+            asyncio.Queue() if outputs is None else outputs
+        )
         self._reader_task: asyncio.Task[None] | None = None
         self._utility_ids = itertools.count()
         self._utility_calls: dict[int, asyncio.Future[Any]] = {}
@@ -114,7 +131,13 @@ class AsyncMPClient:
         self.startup_info: StartupInfo | None = None
         core_process = core_process if core_process is not None else EngineCoreProcess()
         self.process: BaseProcess = core_process.process
-        core_process.launch(engine_config, input_addr, output_addr)
+        # How errors name this core: which one it is matters once there are several.
+        self.name = "The engine core process"
+        self._engine_index = engine_config.parallel_config.data_parallel_index
+        if engine_config.parallel_config.data_parallel_size > 1:
+            index = self._engine_index
+            self.name = f"Engine core {index} (data parallel rank {index}, pid {self.process.pid})"
+        core_process.launch(engine_config, input_addr, output_addr, environ)
 
     @classmethod
     async def start(
@@ -125,15 +148,20 @@ class AsyncMPClient:
     ) -> AsyncMPClient:
         """Launch the core (in `core_process` if one was started early) and wait until it is ready."""
         client = cls(engine_config, core_process)
+        await client.wait_started(startup_timeout)
+        return client
+
+    async def wait_started(self, startup_timeout: float = STARTUP_TIMEOUT_S) -> None:
+        """Wait until the launched core is ready, then start reading its outputs and watching it (the
+        core is stopped if it fails to start)."""
         try:
-            await client._wait_ready(startup_timeout)
+            await self._wait_ready(startup_timeout)
         except BaseException:
-            client.shutdown()
+            self.shutdown()
             raise
         loop = asyncio.get_running_loop()
-        client._reader_task = loop.create_task(client._read_outputs())
-        threading.Thread(target=client._monitor, args=(loop,), name="EngineCoreMonitor", daemon=True).start()
-        return client
+        self._reader_task = loop.create_task(self._read_outputs())
+        threading.Thread(target=self._monitor, args=(loop,), name="EngineCoreMonitor", daemon=True).start()
 
     # ------------------------------------------------------------------------------------ start-up
     async def _wait_ready(self, timeout: float) -> None:
@@ -147,27 +175,26 @@ class AsyncMPClient:
                     return
                 if kind is OutputKind.FAILED:
                     message = msgspec.msgpack.decode(payload, type=str)
-                    raise RuntimeError(f"The engine core failed to start: {message}")
-                raise RuntimeError(f"The engine core sent {kind.name} before it was ready")
+                    raise RuntimeError(f"{self.name} failed to start: {message}")
+                raise RuntimeError(f"{self.name} sent {kind.name} before it was ready")
             if not self.process.is_alive():
                 raise RuntimeError(
-                    f"The engine core process exited with code {self.process.exitcode} while starting "
-                    "(see its log above)"
+                    f"{self.name} exited with code {self.process.exitcode} while starting (see its log above)"
                 )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"The engine core did not start within {timeout:.0f} s")
+                raise RuntimeError(f"{self.name} did not start within {timeout:.0f} s")
 
     # --------------------------------------------------------------------------- death detection
     def _monitor(self, loop: asyncio.AbstractEventLoop) -> None:
         # Wait on the sentinel rather than join(): shutdown() joins the child too, and it sets _closed
         # first, so the two threads do not both wait on it.
         multiprocessing.connection.wait([self.process.sentinel])
-        if self._closed:
+        if self._closed or self._terminating:
             return
         self.process.join(1)
         code = self.process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        message = f"The engine core process died unexpectedly ({how})"
+        message = f"{self.name} died unexpectedly ({how})"
         with contextlib.suppress(RuntimeError):  # the loop may already be closed
             loop.call_soon_threadsafe(self._mark_dead, message)
 
@@ -192,13 +219,21 @@ class AsyncMPClient:
                 self._resolve_utility(self._utility_decoder.decode(payload))
             elif kind is OutputKind.FAILED:
                 message = msgspec.msgpack.decode(payload, type=str)
-                self._mark_dead(f"The engine core failed: {message}")
+                self._mark_dead(f"{self.name} failed: {message}")
                 return
 
     # ---------------------------------------------------------------------------------------- API
     @property
     def is_dead(self) -> bool:
         return self._dead_error is not None
+
+    @property
+    def processes(self) -> list[BaseProcess]:
+        return [self.process]
+
+    def engine_index_of(self, request_id: str) -> int:
+        """The data parallel rank of the core serving a request: this client's one core."""
+        return self._engine_index
 
     @property
     def dead_error(self) -> EngineDeadError | None:
@@ -251,6 +286,13 @@ class AsyncMPClient:
             self._outputs.put_nowait(item)
             raise item
         return item
+
+    def terminate(self) -> None:
+        """Ask the core to stop (SIGTERM) without waiting for it; `shutdown` then waits. Several cores
+        asked first stop together rather than one after the other."""
+        if not self._closed and self.process.is_alive():
+            self._terminating = True
+            self.process.terminate()
 
     def shutdown(self) -> None:
         """Stop the core process (SIGTERM, then SIGKILL if it does not exit) and release the sockets."""

@@ -20,10 +20,9 @@ from pagedllm.engine.utility import (
     DRAINING_METHODS,
     EngineSleepingError,
     check_rpc_method,
-    check_sleep_level,
     check_utility_method,
-    check_wake_tags,
 )
+from pagedllm.worker.sleep import check_sleep_level, check_wake_tags
 
 if TYPE_CHECKING:
     from pagedllm.core.scheduler import Scheduler

@@ -92,6 +92,8 @@ class EngineCoreProc:
     def __init__(self, core: EngineCore, input_addr: str, output_addr: str, parent_pid: int) -> None:
         self.core = core
         self.parent_pid = parent_pid
+        # Tags every output, so a front-end over several cores (data parallelism) knows the sender.
+        self.engine_index = core.engine_config.parallel_config.data_parallel_index
         self.input_queue: queue.Queue[tuple[InputKind, Any]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[OutputKind, Any] | None] = queue.Queue()
         self._stop = threading.Event()
@@ -210,6 +212,7 @@ class EngineCoreProc:
     def _process_engine_step(self) -> None:
         if self.core.has_unfinished_requests():
             outputs = self.core.step()
+            outputs.engine_index = self.engine_index
             if outputs.outputs or outputs.errors or outputs.scheduler_stats is not None:
                 self._sent_busy_stats = True
                 self.output_queue.put((OutputKind.OUTPUTS, outputs))
@@ -225,7 +228,8 @@ class EngineCoreProc:
         self._sent_busy_stats = False
         stats: SchedulerStats | None = self.core.scheduler.make_stats()
         if stats is not None:  # None when the engine does not collect stats
-            self.output_queue.put((OutputKind.OUTPUTS, EngineCoreOutputs(scheduler_stats=stats)))
+            idle = EngineCoreOutputs(scheduler_stats=stats, engine_index=self.engine_index)
+            self.output_queue.put((OutputKind.OUTPUTS, idle))
 
     def send_failure(self, message: str) -> None:
         self.output_queue.put((OutputKind.FAILED, message))

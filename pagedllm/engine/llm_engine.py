@@ -13,6 +13,7 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pagedllm.config.support import check_in_process
 from pagedllm.config.watermark_check import check_supports_watermarking
 from pagedllm.engine.input_processor import InputProcessor, PromptType
 from pagedllm.engine.output_processor import OutputProcessor
@@ -56,6 +57,7 @@ class InprocClient:
         # processors' tests) never need.
         from pagedllm.engine.core import EngineCore
 
+        check_in_process(engine_config)
         self.core = EngineCore(engine_config)
 
     def add_request(self, request: EngineCoreRequest) -> None:

@@ -1,5 +1,6 @@
 """Engine operations outside the request path (sleep mode, weight updates, profiling, worker RPCs):
-their names, argument checks and errors, shared by the in-process and the ZMQ front-ends.
+their names, argument checks and errors (the sleep arguments' checks live with sleep mode, in
+`pagedllm.worker.sleep`), shared by the in-process and the ZMQ front-ends.
 
 The front-ends reach them through one "utility call" (`EngineCore.call_utility`): a method name from
 `UTILITY_METHODS` with its arguments, run by the core between two steps, so new requests wait in the
@@ -7,12 +8,6 @@ input queue while it runs (a weight update never meets a half-done step).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
-
-SLEEP_LEVELS = (1, 2)
-# What a sleeping engine released and `wake_up(tags=...)` restores.
-SLEEP_TAGS = ("weights", "kv_cache")
 
 # Utilities that, on a busy engine, wait for the running requests to finish while the waiting and new
 # ones are held (`EngineCoreOps.defers`; the engine core process does it, in-process callers get
@@ -44,26 +39,6 @@ class EngineSleepingError(RuntimeError):
 
     def __init__(self) -> None:
         super().__init__("The engine is sleeping (sleep mode): call wake_up() before sending requests")
-
-
-def check_sleep_level(level: int) -> int:
-    if level not in SLEEP_LEVELS:
-        raise ValueError(
-            f"sleep level must be 1 (discard the KV cache) or 2 (and the weights), not {level!r}"
-        )
-    return int(level)
-
-
-def check_wake_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
-    """The parts to wake (all when None); ValueError naming an unknown tag."""
-    if tags is None:
-        return SLEEP_TAGS
-    if isinstance(tags, str):
-        tags = [tags]
-    unknown = sorted(set(tags) - set(SLEEP_TAGS))
-    if unknown:
-        raise ValueError(f"unknown wake_up tags {unknown} (known: {', '.join(SLEEP_TAGS)})")
-    return tuple(t for t in SLEEP_TAGS if t in tags)
 
 
 def check_utility_method(method: str) -> str:

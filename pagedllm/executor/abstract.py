@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, ClassVar
 
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
+from pagedllm.distributed.parallel_state import max_concurrent_batches
 
 
 def run_worker_method(
@@ -25,6 +27,20 @@ def run_worker_method(
     """`worker.method(*args, **kwargs)`, or `method(worker, *args, **kwargs)` for a function."""
     call = getattr(worker, method) if isinstance(method, str) else partial(method, worker)
     return call(*args, **(kwargs or {}))
+
+
+class StepFuture(Future[ModelRunnerOutput]):
+    """A step the workers run in the background (`Executor.submit_step`). Nothing completes it on
+    its own: `result()` reads the workers' answers, those of the steps started before it first."""
+
+    def __init__(self, read_until: Callable[[StepFuture], None]) -> None:
+        super().__init__()
+        self._read_until = read_until
+
+    def result(self, timeout: float | None = None) -> ModelRunnerOutput:
+        if not self.done():
+            self._read_until(self)
+        return super().result(timeout)
 
 
 class Executor(ABC):
@@ -98,9 +114,18 @@ class Executor(ABC):
         """Sample the step run by `execute_model`, under the grammar's bitmask when there is one."""
         return self.collective_rpc("sample_tokens", args=(grammar_output,))[0]
 
+    def submit_step(self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None) -> StepFuture:
+        """Start a whole step (`execute_model`, then `sample_tokens` under ``grammar_output``) and return
+        at once; the workers run the steps in the order they were submitted. For executors whose
+        `max_concurrent_batches` is above one (pipeline parallelism: `mp` and `ray`)."""
+        raise NotImplementedError(f"{type(self).__name__} runs one batch at a time")
+
     @abstractmethod
     def shutdown(self) -> None: ...
 
     @property
     def max_concurrent_batches(self) -> int:
-        return 2 if self.supports_async_scheduling() else 1
+        """Batches the engine keeps in flight: one per pipeline stage under `mp` and `ray`."""
+        if self.supports_async_scheduling():
+            return 2
+        return max_concurrent_batches(self.engine_config.parallel_config)

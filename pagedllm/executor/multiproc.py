@@ -20,6 +20,7 @@ import socket
 import time
 import traceback
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -28,7 +29,7 @@ from typing import Any
 from pagedllm import envs
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
-from pagedllm.executor.abstract import Executor, run_worker_method
+from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
 
 logger = logging.getLogger("pagedllm.executor")
 
@@ -128,6 +129,8 @@ class MultiprocExecutor(Executor):
         init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
+        # Steps submitted (`submit_step`) whose answers are still in the pipes, oldest first.
+        self._unread_steps: deque[StepFuture] = deque()
         with _children_allowed():
             self._start_workers(ctx, init_method)
         self._finalizer = weakref.finalize(self, _stop, self.procs, self.queue)
@@ -202,6 +205,8 @@ class MultiprocExecutor(Executor):
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
     ) -> list[Any]:
+        if self._unread_steps:  # their answers come first in the pipes
+            self._read_steps(None)
         self._broadcast((method, args, kwargs or {}, None))
         return self._collect(range(self.world_size), timeout)
 
@@ -215,6 +220,31 @@ class MultiprocExecutor(Executor):
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         return self._output_rpc("sample_tokens", grammar_output)
+
+    def submit_step(self, scheduler_output: Any, grammar_output: Any) -> StepFuture:
+        # Both calls go out now: a stage that is done with the step goes on to the next one queued.
+        self._broadcast(("execute_model", (scheduler_output,), {}, self.output_rank))
+        self._broadcast(("sample_tokens", (grammar_output,), {}, self.output_rank))
+        future = StepFuture(self._read_steps)
+        self._unread_steps.append(future)
+        return future
+
+    def _read_steps(self, until: StepFuture | None) -> None:
+        """Read the answers of the submitted steps, oldest first, up to `until` (None: all of them).
+        After a failure the later steps fail too: the workers' order is lost."""
+        ranks = range(self.world_size)
+        while self._unread_steps:
+            future = self._unread_steps.popleft()
+            try:
+                self._collect(ranks, None)  # execute_model
+                future.set_result(self._collect(ranks, None)[self.output_rank])
+            except BaseException as e:
+                for failed in (future, *self._unread_steps):
+                    failed.set_exception(e)
+                self._unread_steps.clear()
+                raise
+            if future is until:
+                return
 
     def shutdown(self) -> None:
         if self.queue is not None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pagedllm.distributed.parallel_state import output_rank
-from pagedllm.executor.abstract import Executor, run_worker_method
+from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
 from pagedllm.executor.multiproc import WorkerDiedError, free_tcp_port
 
 logger = logging.getLogger("pagedllm.executor")
@@ -120,23 +120,41 @@ class RayExecutor(Executor):
     def _call(
         self, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], reply_rank: int | None, timeout: float | None
     ) -> list[Any]:
+        return self._wait(self._submit(method, args, kwargs, reply_rank), timeout)
+
+    def _submit(
+        self, method: str | Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], reply_rank: int | None
+    ) -> list[Any]:
+        """Start the call on every actor (each runs its calls in the order they were made); the refs."""
         import ray
 
         if not self.actors:
             raise RuntimeError("the executor was shut down")
         # Serialized once into the object store; every actor reads the same object.
         args_ref, kwargs_ref = ray.put(args), ray.put(kwargs)
-        refs = [
+        return [
             a.execute.remote(method, args_ref, kwargs_ref, reply_rank in (None, rank))
             for rank, a in enumerate(self.actors)
         ]
-        return self._wait(refs, timeout)
 
     def execute_model(self, scheduler_output: Any) -> None:
         self._call("execute_model", (scheduler_output,), {}, self.output_rank, None)
 
     def sample_tokens(self, grammar_output: Any) -> Any:
         return self._call("sample_tokens", (grammar_output,), {}, self.output_rank, None)[self.output_rank]
+
+    def submit_step(self, scheduler_output: Any, grammar_output: Any) -> StepFuture:
+        execute_refs = self._submit("execute_model", (scheduler_output,), {}, self.output_rank)
+        sample_refs = self._submit("sample_tokens", (grammar_output,), {}, self.output_rank)
+
+        def read(future: StepFuture) -> None:
+            try:
+                self._wait(execute_refs)
+                future.set_result(self._wait(sample_refs)[self.output_rank])
+            except BaseException as e:
+                future.set_exception(e)
+
+        return StepFuture(read)
 
     def shutdown(self) -> None:
         import ray

@@ -23,14 +23,20 @@ class LoggingStatLogger:
         self._prefix_hits = 0
         self._spec_drafts = 0
         self._spec_accepted = 0
-        self._last_stats = SchedulerStats()
+        # The last stats of each engine core (one per data parallel rank): the line sums them.
+        self._last_stats: dict[int, SchedulerStats] = {}
         # Whether the previous line showed activity: one idle line follows the last busy one, so the log
         # ends on the real state (0 running) instead of stale throughput.
         self._last_was_busy = False
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_index: int = 0,
+    ) -> None:
         if scheduler_stats is not None:
-            self._last_stats = scheduler_stats
+            self._last_stats[engine_index] = scheduler_stats
             self._prefix_queries += scheduler_stats.prefix_cache_queries
             self._prefix_hits += scheduler_stats.prefix_cache_hits
             self._spec_drafts += scheduler_stats.spec_num_drafts
@@ -43,13 +49,11 @@ class LoggingStatLogger:
         """Log (and return) the line for the interval since the last call, or None when idle throughout."""
         now = time.monotonic() if now is None else now
         elapsed = max(now - self._last_log_time, 1e-9)
-        stats = self._last_stats
-        busy = bool(
-            self._num_prompt_tokens
-            or self._num_generation_tokens
-            or stats.num_running_reqs
-            or stats.num_waiting_reqs
-        )
+        cores = list(self._last_stats.values()) or [SchedulerStats()]
+        running = sum(s.num_running_reqs for s in cores)
+        waiting = sum(s.num_waiting_reqs for s in cores)
+        kv_usage = sum(s.kv_cache_usage for s in cores) / len(cores)
+        busy = bool(self._num_prompt_tokens or self._num_generation_tokens or running or waiting)
         if not busy and not self._last_was_busy:
             self._last_log_time = now
             return None
@@ -57,8 +61,8 @@ class LoggingStatLogger:
         line = (
             f"Avg prompt throughput: {self._num_prompt_tokens / elapsed:.1f} tokens/s, "
             f"Avg generation throughput: {self._num_generation_tokens / elapsed:.1f} tokens/s, "
-            f"Running: {stats.num_running_reqs} reqs, Waiting: {stats.num_waiting_reqs} reqs, "
-            f"KV cache usage: {stats.kv_cache_usage * 100:.1f}%, Prefix cache hit rate: {hit_rate * 100:.1f}%"
+            f"Running: {running} reqs, Waiting: {waiting} reqs, "
+            f"KV cache usage: {kv_usage * 100:.1f}%, Prefix cache hit rate: {hit_rate * 100:.1f}%"
         )
         if self._spec_drafts:
             # vLLM's definition: tokens emitted per verification (the target's own token included).

@@ -5,12 +5,13 @@ alerts and autoscalers written for vLLM read a pagedllm server unchanged; every 
 under the `pagedllm:` prefix that earlier versions used.
 
 Each `PrometheusStatLogger` owns its own `CollectorRegistry` (served by ``/metrics``), so several
-servers or test apps in one process never collide in prometheus_client's global registry.
+servers or test apps in one process never collide in prometheus_client's global registry. With data
+parallelism every series also carries vLLM's `engine="<data parallel rank>"` label, one series per core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -72,47 +73,122 @@ def _token_buckets(max_model_len: int) -> list[float]:
         exponent += 1
 
 
+class _Families:
+    """The metric families of one registry, created once and shared by the engines' series."""
+
+    def __init__(self, registry: CollectorRegistry, label_names: list[str]) -> None:
+        self.registry = registry
+        self.label_names = label_names
+        self._made: dict[str, Any] = {}
+
+    def _family(self, kind: type, name: str, doc: str, extra: tuple[str, ...], **kwargs: Any) -> Any:
+        if name not in self._made:
+            labels = [*self.label_names, *extra]
+            self._made[name] = kind(f"{PREFIX}{name}", doc, labels, registry=self.registry, **kwargs)
+        return self._made[name]
+
+    def gauge(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Gauge:
+        return self._family(Gauge, name, doc, extra)
+
+    def counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        return self._family(Counter, name, doc, extra)
+
+    def histogram(self, name: str, doc: str, buckets: list[float]) -> Histogram:
+        return self._family(Histogram, name, doc, (), buckets=buckets)
+
+    def gauge_without_labels(self, name: str, doc: str, labels: tuple[str, ...]) -> Gauge:
+        """A gauge with only its own labels (not the model's nor the engine's), as vLLM has some."""
+        if name not in self._made:
+            self._made[name] = Gauge(f"{PREFIX}{name}", doc, list(labels), registry=self.registry)
+        return self._made[name]
+
+
 class SpecDecodingProm:
     """vllm:spec_decode_* counters; the per-position one is labelled with the draft position."""
 
-    def __init__(self, counter: Callable[[str, str], Any], registry: CollectorRegistry, model_name: str) -> None:
-        self.num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.")
-        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.")
-        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-        self._per_pos = Counter(
-            f"{PREFIX}spec_decode_num_accepted_tokens_per_pos",
-            "Accepted tokens per draft position.",
-            ["model_name", "position"],
-            registry=registry,
+    def __init__(self, families: _Families, labels: tuple[str, ...]) -> None:
+        self.num_drafts = families.counter(
+            "spec_decode_num_drafts", "Number of spec decoding drafts."
+        ).labels(*labels)
+        self.num_draft_tokens = families.counter(
+            "spec_decode_num_draft_tokens", "Number of draft tokens."
+        ).labels(*labels)
+        self.num_accepted_tokens = families.counter(
+            "spec_decode_num_accepted_tokens", "Number of accepted tokens."
+        ).labels(*labels)
+        self._per_pos = families.counter(
+            "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", ("position",)
         )
-        self._model_name = model_name
+        self._labels = labels
 
     def record(self, stats: SchedulerStats) -> None:
         self.num_drafts.inc(stats.spec_num_drafts)
         self.num_draft_tokens.inc(stats.spec_num_draft_tokens)
         self.num_accepted_tokens.inc(stats.spec_num_accepted_tokens)
         for pos, n in enumerate(stats.spec_num_accepted_tokens_per_pos):
-            self._per_pos.labels(self._model_name, str(pos)).inc(n)
+            self._per_pos.labels(*self._labels, str(pos)).inc(n)
 
 
 class PrometheusStatLogger:
+    """The server's metrics: one set of series per engine core (``engine_indexes``: the data parallel
+    ranks served, each then labelled `engine="<rank>"`; None: one core and no engine label)."""
+
     def __init__(
-        self, model_name: str, max_model_len: int, max_loras: int | None = None, speculative: bool = False
+        self,
+        model_name: str,
+        max_model_len: int,
+        max_loras: int | None = None,
+        speculative: bool = False,
+        engine_indexes: list[int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._aliases = CollectorRegistry()
         self._aliases.register(_Aliases(self.registry))
-        labels = ["model_name"]
-        reg = self.registry
+        label_names = ["model_name"] if engine_indexes is None else ["model_name", "engine"]
+        families = _Families(self.registry, label_names)
+        self._engines = {
+            index: _EngineMetrics(
+                families,
+                (model_name,) if engine_indexes is None else (model_name, str(index)),
+                max_model_len,
+                max_loras,
+                speculative,
+            )
+            for index in (engine_indexes or [0])
+        }
 
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        engine_index: int = 0,
+    ) -> None:
+        """Count what one core (``engine_index``, its data parallel rank) reported."""
+        self._engines[engine_index].record(scheduler_stats, iteration_stats)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry) + generate_latest(self._aliases)
+
+
+class _EngineMetrics:
+    """The series of one engine core (its label values: the model name, and the engine with DP)."""
+
+    def __init__(
+        self,
+        families: _Families,
+        labels: tuple[str, ...],
+        max_model_len: int,
+        max_loras: int | None,
+        speculative: bool,
+    ) -> None:
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(f"{PREFIX}{name}", doc, labels, registry=reg).labels(model_name)
+            return families.gauge(name, doc).labels(*labels)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(f"{PREFIX}{name}", doc, labels, registry=reg).labels(model_name)
+            return families.counter(name, doc).labels(*labels)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(f"{PREFIX}{name}", doc, labels, buckets=buckets, registry=reg).labels(model_name)
+            return families.histogram(name, doc, buckets).labels(*labels)
 
         self.num_requests_running = gauge("num_requests_running", "Requests being processed by the engine.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled.")
@@ -129,27 +205,18 @@ class PrometheusStatLogger:
             "external_prefix_cache_hits", "Prompt tokens loaded from the KV connector instead of computed."
         )
         # The connector's transfers, by direction (load: into the KV cache, save: out of it).
-        self._kv_transfer_bytes = Counter(
-            f"{PREFIX}kv_transfer_bytes",
-            "Bytes of KV cache the KV connector moved.",
-            ["model_name", "transfer_type"],
-            registry=reg,
+        self._kv_transfer_bytes = families.counter(
+            "kv_transfer_bytes", "Bytes of KV cache the KV connector moved.", ("transfer_type",)
         )
-        self._kv_transfer_time = Counter(
-            f"{PREFIX}kv_transfer_time_seconds",
-            "Seconds the KV connector spent moving KV cache.",
-            ["model_name", "transfer_type"],
-            registry=reg,
+        self._kv_transfer_time = families.counter(
+            "kv_transfer_time_seconds", "Seconds the KV connector spent moving KV cache.", ("transfer_type",)
         )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
-        self._request_success = Counter(
-            f"{PREFIX}request_success",
-            "Requests finished, by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=reg,
+        self._request_success = families.counter(
+            "request_success", "Requests finished, by finish reason.", ("finished_reason",)
         )
-        self._model_name = model_name
+        self._labels = labels
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds", "Arrival to first token.", _LATENCY_BUCKETS
         )
@@ -190,14 +257,13 @@ class PrometheusStatLogger:
             _LATENCY_BUCKETS,
         )
         # vLLM's LoRA info gauge: its labels are the adapters now running / waiting (comma-separated
-        # names), its value the time they were last reported. Only with LoRA enabled.
+        # names), its value the time they were last reported. Only with LoRA enabled; not per engine.
         self._max_loras = max_loras
         self.lora_requests_info = (
-            Gauge(
-                f"{PREFIX}lora_requests_info",
+            families.gauge_without_labels(
+                "lora_requests_info",
                 "Running stats on LoRA requests.",
-                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
-                registry=reg,
+                ("max_lora", "waiting_lora_adapters", "running_lora_adapters"),
             )
             if max_loras is not None
             else None
@@ -210,7 +276,7 @@ class PrometheusStatLogger:
             "request_generation_tokens", "Generated length of finished requests.", token_buckets
         )
         # vLLM's speculative-decoding counters, registered only when a drafter is configured.
-        self.spec: SpecDecodingProm | None = SpecDecodingProm(counter, reg, model_name) if speculative else None
+        self.spec: SpecDecodingProm | None = SpecDecodingProm(families, labels) if speculative else None
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:
@@ -226,9 +292,9 @@ class PrometheusStatLogger:
             kv = scheduler_stats.kv_connector_stats
             for kind, bytes_key in (("load", "bytes_loaded"), ("save", "bytes_saved")):
                 if bytes_key in kv:
-                    self._kv_transfer_bytes.labels(self._model_name, kind).inc(kv[bytes_key])
+                    self._kv_transfer_bytes.labels(*self._labels, kind).inc(kv[bytes_key])
                 if f"{kind}_time_s" in kv:
-                    self._kv_transfer_time.labels(self._model_name, kind).inc(kv[f"{kind}_time_s"])
+                    self._kv_transfer_time.labels(*self._labels, kind).inc(kv[f"{kind}_time_s"])
             if self.lora_requests_info is not None:
                 # One series: the current adapters (an old label set would otherwise linger forever).
                 self.lora_requests_info.clear()
@@ -252,7 +318,7 @@ class PrometheusStatLogger:
             self.inter_token_latency.observe(itl)
             self.time_per_output_token.observe(itl)
         for finished in iteration_stats.finished_requests:
-            self._request_success.labels(self._model_name, str(finished.finish_reason)).inc()
+            self._request_success.labels(*self._labels, str(finished.finish_reason)).inc()
             self.e2e_request_latency.observe(finished.e2e_latency)
             for histogram, value in (
                 (self.request_queue_time, finished.queue_time),
@@ -266,6 +332,3 @@ class PrometheusStatLogger:
                     histogram.observe(value)
             self.request_prompt_tokens.observe(finished.num_prompt_tokens)
             self.request_generation_tokens.observe(finished.num_generation_tokens)
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry) + generate_latest(self._aliases)

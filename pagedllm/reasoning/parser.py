@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from pagedllm.entrypoints.openai.protocol import DeltaMessage
+from pagedllm.entrypoints.openai.protocol_chat import DeltaMessage
 
 _REGISTRY: dict[str, type[ReasoningParser]] = {}
 

@@ -15,8 +15,9 @@ import numpy as np
 from pagedllm.spec_decode.ngram import NgramProposer
 from pagedllm.spec_decode.suffix import SuffixProposer
 
-# The methods with a drafter here; the others stay rejected by config/support.py.
-IMPLEMENTED_METHODS = ("ngram", "suffix")
+# The methods with a drafter: the token-based ones here, the model-based ones in the worker
+# (pagedllm.worker.draft_model, pagedllm.worker.eagle); the others stay rejected by config/support.py.
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
 
 # The off-switch: a verification step runs at most this many target tokens (requests x (1 + drafts)).
 # Up to it a CPU forward of the decode batch costs about the same per step whatever its token count
@@ -43,7 +44,7 @@ def make_proposer(spec_config: Any) -> Proposer:
             spec_config.suffix_decoding_max_spec_factor,
             spec_config.suffix_decoding_min_token_prob,
         )
-    raise ValueError(f"speculative_config.method={method!r} has no drafter; use one of {IMPLEMENTED_METHODS}")
+    raise ValueError(f"speculative_config.method={method!r} has no token-based drafter (ngram, suffix)")
 
 
 class DraftLength:

@@ -19,9 +19,12 @@ T = TypeVar("T")
 
 
 def sample_on_output_rank(
-    sample: Callable[[], tuple[list[int], list[T | None]]], num_tokens: int
-) -> tuple[list[int], list[T | None]]:
-    """`sample()` on the output rank; elsewhere its token ids (and no logprobs)."""
+    sample: Callable[[], tuple[list[int], list[T | None]]], num_tokens: int, broadcast: bool = True
+) -> tuple[list[int], list[T | None]] | None:
+    """`sample()` on the output rank; elsewhere its token ids (and no logprobs), or None without
+    `broadcast`: with several batches in flight (pipeline parallelism) the stages run different
+    batches at once, so no step may wait on all of them; the other ranks then learn the tokens from
+    the scheduler output of the request's next step (`CachedRequestData.token_ids`)."""
     world = parallel_state.get_world_group()
     if world.world_size == 1:
         return sample()
@@ -30,7 +33,11 @@ def sample_on_output_rank(
     )
     if world.rank == src:
         sampled, logprobs = sample()
+        if not broadcast:
+            return sampled, logprobs
         ids = torch.tensor(sampled, dtype=torch.int64)
+    elif not broadcast:
+        return None
     else:
         logprobs = [None] * num_tokens
         ids = torch.empty(num_tokens, dtype=torch.int64)

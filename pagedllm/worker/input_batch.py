@@ -96,6 +96,13 @@ class InputBatch:
         self.block_table[row, start:end] = block_ids
         self.num_blocks[row] = end
 
+    def write_scheduled_tokens(self, row: int, start: int, token_ids: list[int]) -> None:
+        """Record a step's input tokens from `start` on, as the scheduler sent them (pipeline
+        parallelism: the ranks that do not sample learn the sampled tokens this way)."""
+        end = start + len(token_ids)
+        self.token_ids[row, start:end] = token_ids
+        self.num_tokens[row] = max(self.num_tokens[row], end)
+
     def append_sampled_tokens(self, rows: np.ndarray, token_ids: np.ndarray) -> None:
         """Record one sampled token for each of `rows` (vectorized)."""
         if rows.size == 0:

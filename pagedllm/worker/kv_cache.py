@@ -45,11 +45,13 @@ class KVCacheSpec:
         return per_token * self.block_size
 
 
-def cpu_kv_cache_budget(weights_bytes: int, max_useful_bytes: int) -> int:
+def cpu_kv_cache_budget(weights_bytes: int, max_useful_bytes: int, num_engine_cores: int = 1) -> int:
     """The default CPU budget: the platform's share of available RAM (it leaves room for the
     weights), capped at `CPU_DEFAULT_KV_CACHE_CAP_BYTES` and at `max_useful_bytes` (every sequence the
-    scheduler may run at full length; more blocks would only ever serve the prefix cache)."""
-    share = current_platform.default_kv_cache_memory_bytes(weights_bytes)
+    scheduler may run at full length; more blocks would only ever serve the prefix cache).
+    ``num_engine_cores``: the data parallel cores of one server, which start together, each seeing the
+    same free RAM: they split the share."""
+    share = current_platform.default_kv_cache_memory_bytes(weights_bytes) // num_engine_cores
     budget = min(share, CPU_DEFAULT_KV_CACHE_CAP_BYTES, max_useful_bytes)
     logger.info(
         "CPU KV cache budget %.1f MiB (RAM share %.1f MiB, cap %.1f MiB, full occupancy %.1f MiB)",

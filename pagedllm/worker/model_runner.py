@@ -41,7 +41,7 @@ from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
-from pagedllm.distributed.parallel_state import get_pp_group
+from pagedllm.distributed.parallel_state import get_pp_group, max_concurrent_batches
 from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.lora.manager import LoRAManager
@@ -126,7 +126,7 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs(self.device)
         spec = engine_config.speculative_config
-        self.spec = None if spec is None else SpecDecodeRunner(spec, self.max_num_reqs, self.max_model_len)
+        self.spec = None if spec is None else SpecDecodeRunner(engine_config, self.max_num_reqs, self.max_model_len)
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
@@ -155,6 +155,9 @@ class ModelRunner:
         # Marks the end of a step's host->device input copies: the pinned host buffers are rewritten
         # next step only after it (a step that samples nothing has no other sync point).
         self._inputs_copied = torch.cuda.Event() if self.device.type == "cuda" else None
+        # Several batches in flight (pipeline parallelism): only the output rank learns the sampled
+        # tokens at once; every rank takes them from the scheduler output of the request's next step.
+        self._tokens_from_scheduler = max_concurrent_batches(engine_config.parallel_config) > 1
         # The step between execute_model and sample_tokens.
         self.execute_state: _ExecuteState | None = None
         # collect_detailed_traces "model": a span per forward (on CUDA it times the launch, not the kernels).
@@ -163,6 +166,8 @@ class ModelRunner:
     # ------------------------------------------------------------------------------- setup
     def load_model(self) -> None:
         self.model = get_model(self.engine_config)
+        if self.spec is not None:
+            self.spec.load_model(self.model)
         lora_config = self.engine_config.lora_config
         if lora_config is not None:  # wraps the projections before any forward is built around them
             self.lora = LoRAManager(
@@ -241,15 +246,21 @@ class ModelRunner:
         """Bytes the KV cache may take: `kv_cache_memory_bytes` when set; else on CPU a share of the
         available RAM, on CUDA `gpu_memory_utilization * total` minus what a profiling forward at
         `max_num_batched_tokens` used."""
-        if self.cache_config.kv_cache_memory_bytes is not None:
-            return int(self.cache_config.kv_cache_memory_bytes)
         spec = self.get_kv_cache_spec()
-        if self.device.type == "cpu":
+        if self.cache_config.kv_cache_memory_bytes is not None:
+            budget = int(self.cache_config.kv_cache_memory_bytes)
+        elif self.device.type == "cpu":
             max_useful_blocks = self.max_num_reqs * self.max_num_blocks_per_req
-            return cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block)
-        return profile_cuda_kv_cache_budget(
-            self.device, self.cache_config.gpu_memory_utilization, self.profile_run
-        )
+            pc = self.engine_config.parallel_config
+            cores = 1 if pc.data_parallel_external_lb else pc.data_parallel_size
+            budget = cpu_kv_cache_budget(self.weights_bytes(), max_useful_blocks * spec.bytes_per_block, cores)
+        else:
+            budget = profile_cuda_kv_cache_budget(
+                self.device, self.cache_config.gpu_memory_utilization, self.profile_run
+            )
+        # A draft model's cache takes its share of the budget (as many blocks as the target's).
+        share = 1.0 if self.spec is None else self.spec.kv_cache_share(spec.bytes_per_block, self.kv_cache_dtype)
+        return int(budget * share)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
@@ -284,6 +295,8 @@ class ModelRunner:
             for kv_heads, head_size in zip(spec.num_kv_heads, spec.head_size)
         ]
         bind_kv_cache(model, self.kv_caches)
+        if self.spec is not None:
+            self.spec.initialize_kv_cache(num_blocks, self.kv_cache_dtype)
         compiled = isinstance(self._forward, CompiledForward)
         layers = attention_layers(model)
         builder_cls = backend.get_builder_cls() if layers else EncoderOnlyMetadataBuilder
@@ -340,6 +353,8 @@ class ModelRunner:
                 self.pooling.forget(req_id)
         for req_id in so.preempted_req_ids:
             self._remove_row(batch.remove_request(req_id))
+            if self.spec is not None:
+                self.spec.preempted(req_id)
         for new in so.scheduled_new_reqs:
             row = batch.add_request(new)
             if self.lora is not None:
@@ -358,6 +373,8 @@ class ModelRunner:
             row = batch.req_id_to_row[req_id]
             batch.num_computed_tokens[row] = num_computed
             batch.append_blocks(row, new_blocks)
+        for req_id, num_computed, token_ids in zip(cached.req_ids, cached.num_computed_tokens, cached.token_ids):
+            batch.write_scheduled_tokens(batch.req_id_to_row[req_id], num_computed, token_ids)
 
     def _remove_row(self, row: int | None) -> None:
         if self.lora is not None and row is not None:
@@ -496,16 +513,21 @@ class ModelRunner:
                 logprobs[i] = token_lps[j]
         # Under pipeline parallelism the other stages have no logits but still learn the tokens.
         elif state.logits is not None or (state.pooled is None and inputs.sample_idx.size):
-            sampled, sampled_lps = sample_on_output_rank(
+            result = sample_on_output_rank(
                 lambda: self._sample(state.logits, inputs, grammar_output),
                 inputs.sample_idx.size,
+                broadcast=not self._tokens_from_scheduler,
             )
-            self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
-            for j, i in enumerate(inputs.sample_idx.tolist()):
-                sampled_token_ids[i] = [sampled[j]]
-                logprobs[i] = sampled_lps[j]
+            if result is not None:
+                sampled, sampled_lps = result
+                self.input_batch.append_sampled_tokens(inputs.rows[inputs.sample_idx], np.asarray(sampled))
+                for j, i in enumerate(inputs.sample_idx.tolist()):
+                    sampled_token_ids[i] = [sampled[j]]
+                    logprobs[i] = sampled_lps[j]
         if self.spec is not None:
-            self.spec.sampled_req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
+            self.spec.end_step(
+                inputs.req_ids, inputs.rows, inputs.query_start_loc, inputs.sample_idx, state.hidden, self.input_batch
+            )
         model = self._require_model()
         prompt_logprobs: dict[str, LogprobsLists | None] = {}
         if self.prompt_logprobs and get_pp_group().is_last_rank:
@@ -536,7 +558,7 @@ class ModelRunner:
     def propose_draft_token_ids(self) -> dict[str, list[int]] | None:
         """The drafter's proposals for the next step (req_id -> draft tokens); None without a
         speculative method."""
-        return None if self.spec is None else self.spec.propose(self.input_batch)
+        return None if self.spec is None else self.spec.propose(self.input_batch, self.generators)
 
     def _verify(
         self, state: _ExecuteState, grammar_output: GrammarOutput | None

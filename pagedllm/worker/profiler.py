@@ -20,9 +20,11 @@ logger = logging.getLogger("pagedllm.worker")
 
 
 class TorchProfiler:
-    def __init__(self, trace_dir: str, instance_id: str, rank: int) -> None:
+    def __init__(self, trace_dir: str, instance_id: str, rank: int, dp_rank: int | None = None) -> None:
+        """``dp_rank``: the engine core's data parallel rank, in the trace names when there are several."""
         self.trace_dir = Path(trace_dir).expanduser()
-        self.worker_name = f"pagedllm-{instance_id or 'engine'}-rank{rank}"
+        dp = "" if dp_rank is None else f"-dp{dp_rank}"
+        self.worker_name = f"pagedllm-{instance_id or 'engine'}{dp}-rank{rank}"
         self._profile: torch.profiler.profile | None = None
 
     def start(self) -> None:

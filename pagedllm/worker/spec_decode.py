@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from pagedllm.core.runner_output import LogprobsLists
 from pagedllm.core.sched_output import GrammarOutput
@@ -23,7 +24,10 @@ from pagedllm.sample.metadata import build_sampling_metadata
 from pagedllm.sample.rejection_sampler import verify
 from pagedllm.spec_decode import DraftLength, make_proposer
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
+from pagedllm.worker.draft_model import DraftModelProposer
+from pagedllm.worker.eagle import EagleProposer, TargetStep
 from pagedllm.worker.input_batch import InputBatch, RowTokens
+from pagedllm.worker.model_drafter import DraftRequest
 
 
 def write_draft_tokens(batch: InputBatch, drafts: dict[str, list[int]]) -> None:
@@ -89,8 +93,16 @@ def _merge_logprobs(per_row: list[LogprobsLists | None], start: int, n: int) -> 
 
 
 class SpecDecodeRunner:
-    def __init__(self, spec_config: Any, max_num_reqs: int, max_model_len: int) -> None:
-        self.proposer = make_proposer(spec_config)
+    def __init__(self, engine_config: Any, max_num_reqs: int, max_model_len: int) -> None:
+        spec_config = engine_config.speculative_config
+        # A draft model or EAGLE head drafts for the whole batch at once; the token-based drafters
+        # per request.
+        self.model_drafter: DraftModelProposer | EagleProposer | None = None
+        if spec_config.uses_draft_model():
+            self.model_drafter = DraftModelProposer(engine_config)
+        elif spec_config.method in ("eagle", "eagle3"):
+            self.model_drafter = EagleProposer(engine_config)
+        self.proposer = None if self.model_drafter is not None else make_proposer(spec_config)
         self.draft_length = DraftLength(spec_config, max_num_reqs)
         self.method: str = spec_config.rejection_sample_method
         self.max_model_len = max_model_len
@@ -101,19 +113,64 @@ class SpecDecodeRunner:
         # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
         self.acceptance: dict[str, float] = {}
 
+    def load_model(self, target: nn.Module) -> None:
+        if isinstance(self.model_drafter, EagleProposer):
+            self.model_drafter.load_model(target)
+        elif self.model_drafter is not None:
+            self.model_drafter.load_model()
+
+    def end_step(
+        self, req_ids: list[str], rows: np.ndarray, query_start_loc: np.ndarray, sample_idx: np.ndarray,
+        hidden: torch.Tensor, batch: InputBatch,
+    ) -> None:
+        """The step's sampling requests are the next ones to draft for; an EAGLE head reads the hidden
+        states of every token the target computed."""
+        self.sampled_req_ids = [req_ids[i] for i in sample_idx.tolist()]
+        if isinstance(self.model_drafter, EagleProposer):
+            self.model_drafter.observe(
+                TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), hidden)
+            )
+
+    def kv_cache_share(self, target_bytes_per_block: int, kv_cache_dtype: torch.dtype) -> float:
+        """The target's share of the KV cache budget (a draft model's cache has as many blocks)."""
+        if self.model_drafter is None:
+            return 1.0
+        draft = self.model_drafter.kv_cache_spec(kv_cache_dtype).bytes_per_block
+        return target_bytes_per_block / (target_bytes_per_block + draft)
+
+    def initialize_kv_cache(self, num_blocks: int, kv_cache_dtype: torch.dtype) -> None:
+        if self.model_drafter is not None:
+            self.model_drafter.initialize_kv_cache(num_blocks, kv_cache_dtype)
+
+    def release_kv_cache(self) -> int:
+        """Free a model drafter's cache (sleep mode); returns its bytes."""
+        return 0 if self.model_drafter is None else self.model_drafter.release_kv_cache()
+
+    def preempted(self, req_id: str) -> None:
+        """A preempted request resumes in other blocks: a draft model's cache of it is gone (an EAGLE
+        head keeps nothing per request: the target recomputes it and the head follows)."""
+        if self.model_drafter is not None:
+            self.model_drafter.forget(req_id)
+
     def forget(self, batch: InputBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
+        self.acceptance.pop(req_id, None)
+        if self.model_drafter is not None:
+            self.model_drafter.forget(req_id)
+            return
+        assert self.proposer is not None
         row = batch.req_id_to_row.get(req_id)
         self.proposer.forget(req_id, None if row is None else batch.output_token_ids(row).copy())
-        self.acceptance.pop(req_id, None)
 
-    def propose(self, batch: InputBatch) -> dict[str, list[int]]:
+    def propose(self, batch: InputBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
         k = self.draft_length(len(self.sampled_req_ids))
         drafts: dict[str, list[int]] = {}
-        if k == 0:
-            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes).
+        if k == 0 and not isinstance(self.model_drafter, EagleProposer):
+            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes;
+            # an EAGLE head must still read this step's hidden states).
             return drafts
-        for req_id in self.sampled_req_ids:
+        requests: list[DraftRequest] = []
+        for req_id in self.sampled_req_ids if k > 0 else ():
             row = batch.req_id_to_row.get(req_id)
             if row is None:
                 continue
@@ -123,11 +180,39 @@ class SpecDecodeRunner:
             if params is not None and params.max_tokens is not None:
                 # Accepted drafts plus the target's own token must fit in max_tokens.
                 room = min(room, params.max_tokens - (n - int(batch.num_prompt_tokens[row])) - 1)
-            k_req = max(1, round(k * self.acceptance.get(req_id, 1.0)))
-            tokens = self.proposer.propose(req_id, batch.token_ids[row, :n], min(k_req, room))
-            if tokens:
-                drafts[req_id] = tokens
-        return drafts
+            k_req = min(max(1, round(k * self.acceptance.get(req_id, 1.0))), room)
+            temperature = 0.0 if params is None else params.temperature
+            requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
+        if self.model_drafter is not None:
+            drafts = self.model_drafter.propose(batch, requests)
+        else:
+            assert self.proposer is not None
+            for r in requests:
+                drafts[r.req_id] = self.proposer.propose(
+                    r.req_id, batch.token_ids[r.row, : int(batch.num_tokens[r.row])], r.num_drafts
+                )
+        return {req_id: tokens for req_id, tokens in drafts.items() if tokens}
+
+    def _draft_probs(
+        self, req_ids: list[str], drafts: dict[str, list[int]], cu_num_logits: np.ndarray, probs: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The distributions a draft model drew its drafts from, by logits row (a point mass on the
+        draft where it took the argmax); None when every draft was a point mass."""
+        sampled = {} if self.model_drafter is None else self.model_drafter.draft_probs
+        if probs is None or not any(r in sampled for r in req_ids):
+            return None
+        q = torch.zeros_like(probs)
+        for i, req_id in enumerate(req_ids):
+            d = drafts.get(req_id)
+            if not d:
+                continue
+            start = int(cu_num_logits[i])
+            if req_id in sampled:
+                q[start : start + len(d)] = sampled[req_id][: len(d)].to(q.device)
+            else:
+                rows = torch.arange(start, start + len(d), device=q.device)
+                q[rows, torch.tensor(d, device=q.device)] = 1.0
+        return q
 
     def sample(
         self,
@@ -176,7 +261,14 @@ class SpecDecodeRunner:
             processed = sampler.truncate(processed, metadata)
             probs = processed.softmax(dim=-1)
         verified = verify(
-            greedy_ids, probs, metadata.greedy_mask, draft_ids, cu_num_logits, row_gens, self.method
+            greedy_ids,
+            probs,
+            metadata.greedy_mask,
+            draft_ids,
+            cu_num_logits,
+            row_gens,
+            self.method,
+            self._draft_probs(req_ids, drafts, cu_num_logits, probs),
         )
         lps = sampler.gather_logprobs(raw, processed, metadata, verified.row_token_ids.to(logits.device))
         per_row = lps.to_request_lists(metadata.num_logprobs) if lps is not None else [None] * total

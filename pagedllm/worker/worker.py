@@ -44,8 +44,10 @@ class Worker:
         self._sleep: WorkerSleep | None = None
         self._weight_updater: WeightUpdater | None = None
         profiler_config = engine_config.profiler_config
+        pc = engine_config.parallel_config
+        dp_rank = pc.data_parallel_index if pc.data_parallel_size > 1 else None
         self.profiler = (
-            TorchProfiler(profiler_config.torch_profiler_dir, engine_config.instance_id, rank)
+            TorchProfiler(profiler_config.torch_profiler_dir, engine_config.instance_id, rank, dp_rank)
             if profiler_config.profiler == "torch"
             else None
         )

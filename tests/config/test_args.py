@@ -189,9 +189,9 @@ def test_flag_round_trip(tiny_model: str, argv: list[str], check) -> None:
     ("argv", "check", "refused"),
     [
         (
-            ["--data-parallel-size", "2"],
+            ["--data-parallel-size", "2", "--distributed-executor-backend", "ray"],
             lambda c: c.parallel_config.data_parallel_size == 2,
-            "data_parallel_size",
+            "data parallelism with distributed_executor_backend='ray'",
         ),
         (
             ["--structured-outputs-config", '{"backend": "outlines"}'],
@@ -330,15 +330,22 @@ def test_speculative_config_reaches_the_engine_config(tiny_model: str) -> None:
         5,
         5,
     )
-    # A method without a drafter here is refused by name instead of ignored.
-    with pytest.raises(ValueError, match="speculative_config.method='draft_model'"):
+    # A method without a drafter here is refused by name instead of ignored; so is a draft model
+    # method without its model.
+    with pytest.raises(ValueError, match="speculative_config.method='mtp'"):
+        build(tiny_model, "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 3}')
+    with pytest.raises(ValueError, match="speculative_config.method='draft_model' without speculative_config.model"):
         build(tiny_model, "--speculative-config", '{"method": "draft_model", "num_speculative_tokens": 3}')
 
 
 def test_unsupported_parallelism_is_named(tiny_model: str) -> None:
     assert build(tiny_model, "-pp", "2").parallel_config.pipeline_parallel_size == 2
-    with pytest.raises(ValueError, match="data_parallel_size"):
-        build(tiny_model, "-dp", "2")
+    assert build(tiny_model, "-dp", "2").parallel_config.data_parallel_size == 2
+    # vLLM's --data-parallel-rank / -dpr: the one rank of a server behind an external load balancer.
+    rank = build(tiny_model, "-dp", "2", "-dpr", "1", "--data-parallel-external-lb").parallel_config
+    assert (rank.data_parallel_index, rank.data_parallel_external_lb) == (1, True)
+    with pytest.raises(ValueError, match="--data-parallel-external-lb"):
+        build(tiny_model, "-dp", "2", "--data-parallel-rank", "1")
 
 
 def test_field_validation_errors_name_the_field(tiny_model: str) -> None:

@@ -35,7 +35,7 @@ from pagedllm.config import (
     StructuredOutputsConfig,
     WeightTransferConfig,
 )
-from pagedllm.config.support import allow_unsupported, check_supported, unsupported_features
+from pagedllm.config.support import allow_unsupported, check_in_process, check_supported, unsupported_features
 
 
 @pytest.mark.parametrize(
@@ -43,8 +43,23 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
     [
         ({"lora_config": LoRAConfig(fully_sharded_loras=True)}, "fully_sharded_loras"),
         (
+            {"speculative_config": SpeculativeConfig(method="mtp", num_speculative_tokens=2)},
+            "speculative_config.method='mtp'",
+        ),
+        (
+            {"speculative_config": SpeculativeConfig(method="draft_model", num_speculative_tokens=2)},
+            "speculative_config.method='draft_model' without speculative_config.model",
+        ),
+        (
             {"speculative_config": SpeculativeConfig(method="eagle", num_speculative_tokens=2)},
-            "speculative_config",
+            "speculative_config.method='eagle' without speculative_config.model",
+        ),
+        (
+            {
+                "speculative_config": SpeculativeConfig(method="eagle3", model="head", num_speculative_tokens=2),
+                "compilation_config": CompilationConfig(mode=3),
+            },
+            "speculative_config.method='eagle3' with a compiled forward",
         ),
         (
             {"kv_transfer_config": KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both")},
@@ -70,7 +85,10 @@ from pagedllm.config.support import allow_unsupported, check_supported, unsuppor
         ({"diffusion_config": DiffusionConfig(canvas_length=8)}, "diffusion_config"),
         ({"engram_config": EngramConfig()}, "engram"),
         ({"reasoning_config": ReasoningConfig()}, "reasoning_config"),
-        ({"parallel_config": ParallelConfig(data_parallel_size=2)}, "data_parallel_size"),
+        (
+            {"parallel_config": ParallelConfig(data_parallel_size=2, distributed_executor_backend="ray")},
+            "data parallelism with distributed_executor_backend='ray'",
+        ),
         (
             {"parallel_config": ParallelConfig(enable_dbo=True, all2all_backend="deepep_low_latency")},
             "enable_dbo",
@@ -96,7 +114,6 @@ def test_unsupported_feature_rejected(fields: dict, flag: str) -> None:
 @pytest.mark.parametrize(
     ("fields", "flag"),
     [
-        ({"parallel_config": ParallelConfig(data_parallel_external_lb=True)}, "data_parallel_external_lb"),
         ({"parallel_config": ParallelConfig(dcp_comm_backend="a2a")}, "dcp_comm_backend"),
         ({"parallel_config": ParallelConfig(all2all_backend="naive")}, "all2all_backend"),
         ({"parallel_config": ParallelConfig(enable_fault_tolerance=True)}, "enable_fault_tolerance"),
@@ -379,3 +396,24 @@ def test_single_rank_features_rejected_with_parallelism(fields: dict, flag: str)
         EngineConfig(model_config=ModelConfig(), parallel_config=ParallelConfig(pipeline_parallel_size=2), **fields)
     with allow_unsupported():
         EngineConfig(model_config=ModelConfig(), **fields)  # one rank: the same feature builds
+
+
+def test_data_parallelism_is_served_not_run_offline() -> None:
+    internal = EngineConfig(model_config=ModelConfig(), parallel_config=ParallelConfig(data_parallel_size=2))
+    with pytest.raises(ValueError, match="not supported offline.*pagedllm serve --data-parallel-size 2"):
+        check_in_process(internal)
+    # One rank behind an external load balancer is one engine core: the offline engine runs it.
+    rank = ParallelConfig(data_parallel_size=2, data_parallel_index=1, data_parallel_external_lb=True)
+    check_in_process(EngineConfig(model_config=ModelConfig(), parallel_config=rank))
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"data_parallel_size": 2, "data_parallel_index": 2, "data_parallel_external_lb": True}, "below"),
+        ({"data_parallel_size": 2, "data_parallel_index": 1}, "--data-parallel-external-lb"),
+    ],
+)
+def test_data_parallel_rank_checked(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ParallelConfig(**fields)

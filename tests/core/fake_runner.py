@@ -132,6 +132,7 @@ def make_scheduler(
     log_stats: bool = True,
     enable_kv_cache_events: bool = False,
     max_loras: int | None = None,
+    max_concurrent_batches: int = 1,
     **sched: Any,
 ) -> Scheduler:
     sc = SchedulerConfig(
@@ -149,6 +150,7 @@ def make_scheduler(
         log_stats=log_stats,
         enable_kv_cache_events=enable_kv_cache_events,
         max_loras=max_loras,
+        max_concurrent_batches=max_concurrent_batches,
     )
 
 

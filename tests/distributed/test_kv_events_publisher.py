@@ -10,7 +10,12 @@ from kv_event_subscriber import BlockRemoved, BlockStored, Subscriber
 
 from pagedllm.config.kv_transfer import KVEventsConfig
 from pagedllm.core.kv_events import AllBlocksCleared, KVEventRecorder
-from pagedllm.distributed.kv_events import EventPublisher, ZmqEventPublisher, make_event_publisher
+from pagedllm.distributed.kv_events import (
+    EventPublisher,
+    ZmqEventPublisher,
+    make_event_publisher,
+    offset_endpoint,
+)
 
 
 def _events(i: int) -> list:
@@ -80,3 +85,10 @@ def test_an_endpoint_that_cannot_be_bound_is_a_clear_error(tmp_path: Path) -> No
             ZmqEventPublisher("tcp://*:not-a-port")
     finally:
         first.shutdown()
+
+
+def test_each_data_parallel_rank_publishes_on_its_own_endpoint() -> None:
+    # vLLM's rule: a TCP port grows by the rank, other transports get a suffix; rank 0 keeps its own.
+    assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
+    assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
+    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"

@@ -1,6 +1,7 @@
 """Tensor and pipeline parallelism under the `mp` executor against one rank: tiny fp32 Llama, Qwen2
 and Qwen3 models, greedy tokens identical and the raw logits of every step (top 5) within 1e-4;
-a killed worker fails the engine within 5 s, naming its rank, and leaves no process behind."""
+pipeline stages overlap (two batches in flight); a killed worker fails the engine within 5 s, naming
+its rank, and leaves no process behind."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ def _llm(model_dir: Path, **kwargs: Any) -> LLM:
     )
 
 
-def _generate(llm: LLM) -> list[tuple[list[int], list[dict[int, float]]]]:
+def _generate(llm: LLM, prompts: list[list[int]] = PROMPTS) -> list[tuple[list[int], list[dict[int, float]]]]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, logprobs=5, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [
         (list(o.outputs[0].token_ids), [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs])
         for o in outs
@@ -75,10 +76,10 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
-def _one_rank(model_dir: Path) -> list[Any]:
-    llm = _llm(model_dir)
+def _one_rank(model_dir: Path, prompts: list[list[int]] = PROMPTS, **kwargs: Any) -> list[Any]:
+    llm = _llm(model_dir, **kwargs)
     try:
-        return _generate(llm)
+        return _generate(llm, prompts)
     finally:
         llm.llm_engine.shutdown()
 
@@ -116,3 +117,32 @@ def test_pp2_then_killed_worker_fails_fast_and_leaves_no_process(models: dict[st
     engine.shutdown()
     alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert alive == []
+
+
+# Five requests, one with a 40-token prompt that runs in 16-token chunks (the next chunk may start
+# while the previous one is still in the pipeline).
+CONCURRENT_PROMPTS = [[(7 * i + j) % 200 + 3 for j in range(n)] for i, n in enumerate([6, 9, 40, 5, 12])]
+
+
+def test_pp2_keeps_two_batches_in_flight(models: dict[str, Path]) -> None:
+    """With two stages the engine keeps two batches going (stage 0 runs batch N+1 while stage 1 runs
+    batch N), each with half the requests, and the tokens and logits are those of one rank."""
+    chunked = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
+    want = _one_rank(models["llama"], CONCURRENT_PROMPTS, **chunked)
+    llm = _llm(models["llama"], pipeline_parallel_size=2, distributed_executor_backend="mp", **chunked)
+    core = llm.llm_engine.engine_core.core  # type: ignore[attr-defined]
+    batches: list[int] = []
+    submit = core.model_executor.submit_step
+
+    def counting_submit(scheduler_output: Any, grammar_output: Any) -> Any:
+        batches.append(len(scheduler_output.num_scheduled_tokens))
+        return submit(scheduler_output, grammar_output)
+
+    core.model_executor.submit_step = counting_submit
+    try:
+        _assert_same(_generate(llm, CONCURRENT_PROMPTS), want)
+        assert core.max_batches_in_flight == 2
+        # Balanced: while all five decode, the batches alternate 3 and 2 requests, never all five.
+        assert max(batches) == 3 and batches.count(2) >= MAX_TOKENS - 2
+    finally:
+        llm.llm_engine.shutdown()

@@ -1,6 +1,6 @@
 """The `ray` executor on a local two-node Ray cluster (one CPU per node, so one rank per node):
-TP=2 gives the tokens and logits of one rank, a killed actor fails the engine within 5 s naming its
-rank, and shutdown leaves no actor alive."""
+TP=2 and PP=2 give the tokens and logits of one rank (PP=2 with two batches in flight), a killed
+actor fails the engine within 5 s naming its rank, and shutdown leaves no actor alive."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_parallel import _assert_same, _generate, _llm, _one_rank  # noqa: E402
+from test_parallel import CONCURRENT_PROMPTS, _assert_same, _generate, _llm, _one_rank  # noqa: E402
 
 from pagedllm import SamplingParams  # noqa: E402
 
@@ -33,6 +33,13 @@ def test_tp2_across_two_nodes(tmp_path: Path) -> None:
     cluster.add_node(**node)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
+        chunked = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
+        pp = _llm(model_dir, pipeline_parallel_size=2, distributed_executor_backend="ray", **chunked)
+        try:
+            _assert_same(_generate(pp, CONCURRENT_PROMPTS), _one_rank(model_dir, CONCURRENT_PROMPTS, **chunked))
+            assert pp.llm_engine.engine_core.core.max_batches_in_flight == 2  # type: ignore[attr-defined]
+        finally:
+            pp.llm_engine.shutdown()
         llm = _llm(model_dir, tensor_parallel_size=2, distributed_executor_backend="ray")
         executor = llm.llm_engine.engine_core.core.model_executor  # type: ignore[attr-defined]
         actor_ids = {a._actor_id.hex() for a in executor.actors}

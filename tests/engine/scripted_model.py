@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from pagedllm.config import LoggingConfig, ObservabilityConfig, SchedulerConfig, StructuredOutputsConfig
+from pagedllm.config import (
+    LoggingConfig,
+    ObservabilityConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    StructuredOutputsConfig,
+)
 
 # Every scripted request's output, one token per step.
 SCRIPT = " one two three four five six seven eight nine ten"
@@ -34,6 +40,7 @@ def fake_engine_config(**sub_configs: Any) -> Any:
         "scheduler_config": SchedulerConfig(),
         "logging_config": LoggingConfig(),
         "observability_config": ObservabilityConfig(),
+        "parallel_config": ParallelConfig(),
         # No watermark, speculation or adapters here.
         "watermark_config": None,
         "speculative_config": None,

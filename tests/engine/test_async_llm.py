@@ -39,7 +39,7 @@ class ScriptedClient:
         self.pending_errors: dict[str, str] = {}
         self.dead_error: EngineDeadError | None = None
         self.alive = True
-        self.process = SimpleNamespace(is_alive=lambda: self.alive)
+        self.processes = [SimpleNamespace(is_alive=lambda: self.alive)]
         self.closed = False
         self._wake = asyncio.Event()
 
@@ -52,6 +52,9 @@ class ScriptedClient:
             self.requests[request.request_id] = request
             self.progress[request.request_id] = 0
         self._wake.set()
+
+    def engine_index_of(self, request_id: str) -> int:
+        return 0
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         self.aborted += request_ids

@@ -91,8 +91,17 @@ class RemoteServer:
 
     def engine_process(self) -> psutil.Process:
         # multiprocessing's spawn child (its resource tracker is another child, started differently).
-        [engine] = [p for p in self.children if p.is_running() and "spawn_main" in " ".join(p.cmdline())]
+        [engine] = [p for p in self._spawned() if p.ppid() == self.proc.pid]
         return engine
+
+    def worker_processes(self) -> list[psutil.Process]:
+        """The engine core's worker processes (the `mp` executor), in the order they started."""
+        engine = self.engine_process()
+        workers = [p for p in self._spawned() if p.ppid() == engine.pid]
+        return sorted(workers, key=lambda p: (p.create_time(), p.pid))
+
+    def _spawned(self) -> list[psutil.Process]:
+        return [p for p in self.children if p.is_running() and "spawn_main" in " ".join(p.cmdline())]
 
     def send_signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

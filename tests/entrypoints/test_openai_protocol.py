@@ -10,7 +10,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
-from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from pagedllm.entrypoints.openai.protocol import CompletionRequest
+from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.sampling_params import RequestOutputKind
 
@@ -141,7 +142,7 @@ def test_http_errors_and_hand_validated_bodies_in_openai_shape() -> None:
     from starlette.exceptions import HTTPException
 
     from pagedllm.entrypoints.openai.errors import http_error_response, validation_error
-    from pagedllm.entrypoints.openai.protocol import TokenizeChatRequest
+    from pagedllm.entrypoints.openai.protocol_chat import TokenizeChatRequest
 
     response = http_error_response(HTTPException(405, headers={"Allow": "POST"}))
     assert response.status_code == 405 and response.headers["allow"] == "POST"

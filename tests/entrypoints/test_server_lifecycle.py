@@ -1,7 +1,8 @@
-"""Server processes under stress: API keys, a killed engine core, a SIGTERM drain, no orphans."""
+"""Server processes under stress: API keys, a killed engine core or worker, a SIGTERM drain, no orphans."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,12 +10,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import psutil
 import pytest
 from remote_server import MODEL_NAME, SERVER_ARGS, RemoteServer, free_port
+from tiny_llm import make_tiny_llm
 
 pytestmark = pytest.mark.slow
 
@@ -95,6 +98,78 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
         assert server.wait(30) != 0
         assert time.monotonic() - killed_at < 15
         assert "The engine core died" in server.log_text()
+        assert server.leftover_children() == []
+    finally:
+        server.kill()
+
+
+def test_killed_worker_fails_requests_naming_its_rank(tmp_path: Path) -> None:
+    """TP=2 under `mp`: one worker process gets SIGKILL mid-stream. The stream ends with an error naming
+    that rank within 5 s, a request in flight gets a 503, /health turns 503 (then the server exits
+    with an error status, as when the engine core dies), and no worker process is left behind."""
+    model = make_tiny_llm(tmp_path / "tiny")
+    server = RemoteServer(
+        extra_args=["--model", str(model), "--served-model-name", "tiny", "--tensor-parallel-size", "2",
+                    "--distributed-executor-backend", "mp"],
+    )  # fmt: skip
+    try:
+        workers = server.worker_processes()
+        assert len(workers) == 2
+        body = {"model": "tiny", "prompt": "Count:", "max_tokens": 500, "ignore_eos": True}
+        outcome: dict[str, Any] = {"chunks": 0}
+        health: list[int | None] = []
+        killed = threading.Event()
+
+        def stream_long() -> None:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line.removeprefix("data: "))
+                    if "error" in event:
+                        outcome["error"], outcome["error_at"] = event["error"], time.monotonic()
+                    else:
+                        outcome["chunks"] += 1
+
+        def full_long() -> None:
+            outcome["full"] = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code
+
+        def poll_health() -> None:
+            with httpx.Client(timeout=10) as client:
+                while True:
+                    try:
+                        health.append(client.get(f"{server.url}/health").status_code)
+                    except httpx.HTTPError:  # the server went away
+                        health.append(None)
+                        if killed.is_set():
+                            return
+                    time.sleep(0.01)
+
+        threads = [threading.Thread(target=f) for f in (stream_long, full_long)]
+        poller = threading.Thread(target=poll_health, daemon=True)
+        for thread in (*threads, poller):
+            thread.start()
+        deadline = time.monotonic() + 60
+        while not outcome["chunks"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert outcome["chunks"], server.log_tail()
+        victim = workers[1]
+        victim.kill()
+        killed_at = time.monotonic()
+        killed.set()
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive(), "a request hung after a worker died"
+        assert outcome["error_at"] - killed_at < 5
+        assert outcome["error"]["code"] == 503
+        assert f"worker rank 1 (pid {victim.pid}) died" in outcome["error"]["message"]
+        assert outcome["full"] == 503
+        assert server.wait(30) != 0
+        poller.join(10)
+        # Healthy before the death; unhealthy after it, until the server stops answering.
+        first_bad = health.index(503)
+        assert all(code == 200 for code in health[:first_bad])
+        assert all(code in (503, None) for code in health[first_bad:])
         assert server.leftover_children() == []
     finally:
         server.kill()

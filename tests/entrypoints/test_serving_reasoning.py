@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from pagedllm.config.features import ReasoningConfig
-from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatResponseMessage, DeltaMessage
+from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatResponseMessage, DeltaMessage
 from pagedllm.entrypoints.openai.serving_reasoning import ReasoningSplitter
 
 OUTPUTS = ["<think>Two and two.</think>Four.", "Short answer: 4", "x</think>y"]

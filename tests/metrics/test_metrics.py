@@ -201,6 +201,17 @@ def test_log_line_while_busy_then_once_idle(caplog: pytest.LogCaptureFixture) ->
     assert stat_logger.log(now=start + 40) is None
 
 
+def test_log_line_sums_the_data_parallel_cores() -> None:
+    stat_logger = LoggingStatLogger()
+    start = stat_logger._last_log_time
+    stat_logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.5), None, 0)
+    stat_logger.record(SchedulerStats(num_running_reqs=2, kv_cache_usage=0.1), None, 1)
+    stat_logger.record(SchedulerStats(num_running_reqs=1, kv_cache_usage=0.3), None, 1)
+    line = stat_logger.log(now=start + 10)
+    assert line is not None
+    assert "Running: 4 reqs, Waiting: 1 reqs, KV cache usage: 40.0%" in line
+
+
 def test_prometheus_records_kv_connector_counters() -> None:
     prom = PrometheusStatLogger("m", max_model_len=2048)
     stats = SchedulerStats(
@@ -220,3 +231,26 @@ def test_prometheus_records_kv_connector_counters() -> None:
     assert samples[("vllm:kv_transfer_bytes_total", save)] == 2048
     assert samples[("vllm:kv_transfer_time_seconds_total", load)] == 1.0
     assert ("vllm:kv_transfer_time_seconds_total", save) not in samples
+
+
+def test_data_parallel_ranks_get_their_own_series() -> None:
+    """vLLM's `engine` label: one series per data parallel rank, each counting what its core reported."""
+    prom = PrometheusStatLogger("m", 128, speculative=True, engine_indexes=[0, 1])
+    tracker = RequestStatsTracker()
+    tracker.add_request("a", num_prompt_tokens=2, arrival_time=0.0)
+    finished = tracker.update(_outputs(("a", [1], FinishReason.STOP)), now=1.0)
+    prom.record(SchedulerStats(num_running_reqs=3, spec_num_accepted_tokens_per_pos=[2]), finished, 1)
+    prom.record(SchedulerStats(num_running_reqs=1), None, 0)
+    samples = _samples(prom)
+    running = "vllm:num_requests_running"
+    assert samples[(running, (("engine", "0"), ("model_name", "m")))] == 1
+    assert samples[(running, (("engine", "1"), ("model_name", "m")))] == 3
+    success = "vllm:request_success_total"
+    assert samples[(success, (("engine", "1"), ("finished_reason", "stop"), ("model_name", "m")))] == 1
+    assert (success, (("engine", "0"), ("finished_reason", "stop"), ("model_name", "m"))) not in samples
+    per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    assert samples[(per_pos, (("engine", "1"), ("model_name", "m"), ("position", "0")))] == 2
+    # One rank behind an external load balancer: its own index.
+    alone = PrometheusStatLogger("m", 128, engine_indexes=[3])
+    alone.record(SchedulerStats(num_running_reqs=2), None, 3)
+    assert _samples(alone)[(running, (("engine", "3"), ("model_name", "m")))] == 2

@@ -51,6 +51,19 @@ def _greedy(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch
     return tokens, torch.log_softmax(torch.stack(rows).float(), -1)
 
 
+def assert_greedy_like_hf(
+    model: torch.nn.Module, hf: torch.nn.Module, prompt: list[int], bound: float
+) -> None:
+    """`model`'s 16 greedy tokens after `prompt` equal HF's argmax on the same sequence, and each
+    step's log-probabilities are within `bound` of HF's."""
+    tokens, logprobs = _greedy(model, prompt)
+    with torch.no_grad():
+        hf_logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :]
+    hf_logprobs = torch.log_softmax(hf_logits.float(), -1)
+    assert tokens == hf_logprobs.argmax(-1).tolist()
+    assert (logprobs - hf_logprobs).abs().max() < bound
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_quantized_model_matches_hf_on_dequantized_weights(tmp_path: Path, qtype: Q) -> None:
     types = dict.fromkeys((*LINEARS, "token_embd", "output"), qtype)
@@ -62,13 +75,7 @@ def test_quantized_model_matches_hf_on_dequantized_weights(tmp_path: Path, qtype
     assert isinstance(ours.model.layers[0].self_attn.qkv_proj.quant_method, GGUFLinearMethod)
     # 12 tokens: the prompt runs the dequantized-tile path, each decode step the int8 kernel.
     prompt = torch.randint(0, config.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
-    tokens, logprobs = _greedy(ours, prompt)
-    with torch.no_grad():
-        hf_logits = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :]
-    hf_logprobs = torch.log_softmax(hf_logits.float(), -1)
-    assert tokens == hf_logprobs.argmax(-1).tolist()
-    bound = FLOAT_BOUND if qtype in (Q.F16, Q.BF16, Q.F32) else LOGPROB_BOUND
-    assert (logprobs - hf_logprobs).abs().max() < bound
+    assert_greedy_like_hf(ours, hf, prompt, FLOAT_BOUND if qtype in (Q.F16, Q.BF16, Q.F32) else LOGPROB_BOUND)
 
 
 def test_weights_stay_as_stored(tmp_path: Path) -> None:

@@ -40,6 +40,14 @@ def test_cpu_budget_caps() -> None:
     assert cpu_kv_cache_budget(0, 2**50) <= CPU_DEFAULT_KV_CACHE_CAP_BYTES
 
 
+def test_data_parallel_cores_split_the_ram_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pagedllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "default_kv_cache_memory_bytes", lambda weights: 3 * GiB)
+    assert cpu_kv_cache_budget(0, 2**50) == 3 * GiB
+    assert cpu_kv_cache_budget(0, 2**50, num_engine_cores=2) == 3 * GiB // 2
+
+
 GiB = 2**30
 
 

@@ -10,6 +10,7 @@ import pytest
 from tiny_llm import make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.worker.profiler import TorchProfiler
 
 
 def test_profile_writes_a_chrome_trace(tmp_path: Path) -> None:
@@ -45,3 +46,9 @@ def test_profiling_not_configured(tmp_path: Path) -> None:
     llm = LLM(model=str(make_tiny_llm(tmp_path)), dtype="float32", max_model_len=128, enforce_eager=True)
     with pytest.raises(ValueError, match="profiling is not configured"):
         llm.start_profile()
+
+
+def test_trace_names_carry_the_data_parallel_rank(tmp_path: Path) -> None:
+    # Every data parallel core of one server writes to the same directory: its rank keeps them apart.
+    assert TorchProfiler(str(tmp_path), "abc", 0, dp_rank=1).worker_name == "pagedllm-abc-dp1-rank0"
+    assert TorchProfiler(str(tmp_path), "abc", 0).worker_name == "pagedllm-abc-rank0"

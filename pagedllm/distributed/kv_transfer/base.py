@@ -23,7 +23,7 @@ output.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -183,25 +183,54 @@ class BackgroundJobs:
         self._pool.shutdown(wait=True)
 
 
+def _layer_views(
+    kv_caches: list[torch.Tensor], rows: torch.Tensor
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: the cache as [2, num_blocks, block elems] and the matching columns of `rows`
+    ([n, elems_per_block], layers side by side) as [n, 2, block elems]. Both are views: copying between
+    them moves each layer's bytes once, with no intermediate per-layer tensors or concatenation."""
+    offset = 0
+    for cache in kv_caches:
+        layer = cache.flatten(2)
+        width = layer.shape[0] * layer.shape[2]
+        yield layer, rows[:, offset : offset + width].view(rows.shape[0], layer.shape[0], -1)
+        offset += width
+
+
+def _index(block_ids: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.as_tensor(block_ids, dtype=torch.int64).to(device)
+
+
+def save_blocks(
+    kv_caches: list[torch.Tensor], block_ids: list[int], store: torch.Tensor, slots: list[int]
+) -> None:
+    """Copy every layer's keys and values of `block_ids` into rows `slots` of `store` (any device)."""
+    index, rows = _index(block_ids, kv_caches[0].device), _index(slots, store.device)
+    for layer, dst in _layer_views(kv_caches, store):
+        dst[rows] = layer.index_select(1, index).transpose(0, 1).to(store.device, store.dtype)
+
+
+def load_blocks(
+    kv_caches: list[torch.Tensor], block_ids: list[int], store: torch.Tensor, slots: list[int] | torch.Tensor
+) -> None:
+    """The inverse of `save_blocks`: write rows `slots` of `store` (any device) into the given blocks."""
+    index, rows = _index(block_ids, kv_caches[0].device), _index(slots, store.device)
+    for layer, src in _layer_views(kv_caches, store):
+        layer[:, index] = src[rows].transpose(0, 1).to(layer.device, layer.dtype)
+
+
 def gather_blocks(kv_caches: list[torch.Tensor], block_ids: list[int]) -> torch.Tensor:
-    """[len(block_ids), elems_per_block]: every layer's keys and values of each block, flattened and
-    concatenated layer after layer (layers may differ in heads and head size)."""
-    index = torch.tensor(block_ids, dtype=torch.int64, device=kv_caches[0].device)
-    parts = [c.index_select(1, index).transpose(0, 1).reshape(len(block_ids), -1) for c in kv_caches]
-    return torch.cat(parts, dim=1)
+    """[len(block_ids), elems_per_block] on the cache's device: every layer's keys and values of each
+    block, flattened and placed layer after layer (layers may differ in heads and head size)."""
+    width = sum(cache[:, 0].numel() for cache in kv_caches)
+    out = torch.empty((len(block_ids), width), dtype=kv_caches[0].dtype, device=kv_caches[0].device)
+    save_blocks(kv_caches, block_ids, out, list(range(len(block_ids))))
+    return out
 
 
 def scatter_blocks(kv_caches: list[torch.Tensor], block_ids: list[int], data: torch.Tensor) -> None:
     """The inverse of `gather_blocks`: write rows of `data` (on any device) into the given blocks."""
-    index = torch.tensor(block_ids, dtype=torch.int64, device=kv_caches[0].device)
-    data = data.to(kv_caches[0].device, non_blocking=True)
-    offset = 0
-    for cache in kv_caches:
-        per_block = cache[:, 0].numel()
-        shape = (len(block_ids), cache.shape[0], *cache.shape[2:])
-        layer = data[:, offset : offset + per_block].reshape(shape).transpose(0, 1)
-        cache.index_copy_(1, index, layer.to(cache.dtype))
-        offset += per_block
+    load_blocks(kv_caches, block_ids, data, torch.arange(len(block_ids)))
 
 
 def elems_per_block(spec: KVCacheSpec) -> int:

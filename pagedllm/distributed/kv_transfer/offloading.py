@@ -31,8 +31,8 @@ from pagedllm.distributed.kv_transfer.base import (
     KVConnectorBase,
     KVConnectorRole,
     elems_per_block,
-    gather_blocks,
-    scatter_blocks,
+    load_blocks,
+    save_blocks,
 )
 from pagedllm.distributed.kv_transfer.tier_store import allocate_tier, num_tier_slots
 from pagedllm.platforms import current_platform
@@ -169,13 +169,11 @@ class OffloadingConnector(KVConnectorBase):
         def copy() -> None:
             start = time.perf_counter()
             if metadata.save_block_ids:
-                slots = torch.tensor(metadata.save_slots, dtype=torch.int64)
-                store.index_copy_(0, slots, gather_blocks(self.kv_caches, metadata.save_block_ids).cpu())
+                save_blocks(self.kv_caches, metadata.save_block_ids, store, metadata.save_slots)
                 self._count("bytes_saved", len(metadata.save_slots) * self.spec.bytes_per_block)
             saved = time.perf_counter()
             if metadata.load_block_ids:
-                rows = store.index_select(0, torch.tensor(metadata.load_slots, dtype=torch.int64))
-                scatter_blocks(self.kv_caches, metadata.load_block_ids, rows)
+                load_blocks(self.kv_caches, metadata.load_block_ids, store, metadata.load_slots)
                 self._count("bytes_loaded", len(metadata.load_slots) * self.spec.bytes_per_block)
             self._count("save_time_s", saved - start)
             self._count("load_time_s", time.perf_counter() - saved)

@@ -37,12 +37,11 @@ from pagedllm.entrypoints.openai.errors import (
 )
 from pagedllm.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
 from pagedllm.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, TokenizeChatRequest
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_lora import LoRARegistry, add_lora_routes, parse_lora_module

@@ -16,8 +16,8 @@ from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import (
-    CHAT_UNSUPPORTED_FIELDS,
+from pagedllm.entrypoints.openai.protocol import CHAT_UNSUPPORTED_FIELDS, UsageInfo, random_id
+from pagedllm.entrypoints.openai.protocol_chat import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
@@ -27,8 +27,6 @@ from pagedllm.entrypoints.openai.protocol import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     DeltaMessage,
-    UsageInfo,
-    random_id,
 )
 from pagedllm.entrypoints.openai.serving_completion import token_text
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -162,7 +160,9 @@ def _stream_tool_calls(tools: ChoiceToolCalls | None, choice: ChatCompletionStre
     choice.delta.content = content
     choice.delta.tool_calls = deltas or None
     choice.finish_reason = tools.finish_reason(choice.finish_reason, tools.parser.streamed_tool_calls)
-    return bool(content or deltas or choice.delta.reasoning_content or choice.finish_reason or choice.logprobs)
+    return bool(
+        content or deltas or choice.delta.reasoning_content or choice.finish_reason or choice.logprobs
+    )
 
 
 class OpenAIServingChat:

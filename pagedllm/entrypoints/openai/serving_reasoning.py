@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pagedllm.entrypoints.openai.protocol import ChatCompletionRequest, ChatResponseMessage, DeltaMessage
+from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatResponseMessage, DeltaMessage
 from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
 
 

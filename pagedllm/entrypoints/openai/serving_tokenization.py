@@ -9,10 +9,10 @@ from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
-    TokenizeChatRequest,
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
+from pagedllm.entrypoints.openai.protocol_chat import TokenizeChatRequest
 from pagedllm.entrypoints.openai.serving_chat import render_chat_prompt
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import (
+from pagedllm.entrypoints.openai.protocol_chat import (
     ChatCompletionNamedToolChoiceParam,
     ChatCompletionRequest,
     ChatCompletionToolsParam,

@@ -14,12 +14,7 @@ from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
-from pagedllm.entrypoints.openai.protocol import (
-    UNSUPPORTED_FIELDS,
-    ErrorInfo,
-    ErrorResponse,
-    SamplingFields,
-)
+from pagedllm.entrypoints.openai.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse, SamplingFields
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams

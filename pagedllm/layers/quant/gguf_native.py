@@ -19,6 +19,8 @@ import torch
 from pagedllm.attention.backends import cpu_decode
 
 SOURCE = Path(__file__).with_name("gguf_kernels.c")
+# Included by the source: part of the build's cache key.
+QUANT_COMMON = Path(__file__).with_name("quant_common.h")
 _ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX2 + AVX-512 VNNI"}
 _FLOATS = (torch.float32, torch.bfloat16)
 
@@ -26,7 +28,7 @@ _FLOATS = (torch.float32, torch.bfloat16)
 @functools.cache
 def library() -> ctypes.CDLL:
     lib = cpu_decode.load_native(
-        "gguf_kernels", [SOURCE], "GGUF block kernels", "quantized GGUF layers cannot run"
+        "gguf_kernels", [SOURCE, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
     )
     if lib is None:
         raise RuntimeError(

@@ -35,10 +35,11 @@ from pagedllm.models.loader.gguf_loader import (
     rope_freq_factors,
 )
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safetensors_files
+from pagedllm.models.loader.safetensors_loader import read_header as read_safetensors_header
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 
-__all__ = ["ModelLoadError", "effective_quant_config", "get_model", "load_model", "reload_weights"]
+__all__ = ["ModelLoadError", "default_dtype", "effective_quant_config", "get_model", "load_model", "reload_weights"]
 
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
@@ -54,6 +55,20 @@ def _weights(
         gguf_architecture(read_header(gguf_file), gguf_file)
         return iterate_gguf(gguf_file, keep_packed)
     return iterate_safetensors(safetensors_files(model_path))
+
+
+def _check_quantized_checkpoint(model_path: Path, quant_config: QuantizationConfig) -> None:
+    """Refuse a safetensors checkpoint whose tensors `quant_config` cannot read (from the headers,
+    before the model is built), naming the file and the tensor."""
+    shapes = {
+        name: (path, info[1], info[0])
+        for path in safetensors_files(model_path)
+        for name, info in read_safetensors_header(path)[0].items()
+    }
+    try:
+        quant_config.check_checkpoint(shapes)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def _source(
@@ -74,7 +89,8 @@ def _source(
 
 
 @contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters created inside are `dtype` by default."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -101,10 +117,12 @@ def load_model(
     check_tensor_parallel_size(tensor_parallel_size)
     load_format, model_path, gguf_path = _source(load_format, model_path, gguf_file)
     model_cls = resolve_model_cls(list(getattr(hf_config, "architectures", None) or []))
-    if load_format == "dummy" and quant_config is not None and quant_config.name == "gguf":
-        quant_config = None  # random weights have no GGUF blocks: dense layers of the same shapes
+    if load_format == "dummy":
+        quant_config = None  # random weights have no packed blocks: dense layers of the same shapes
+    elif load_format != "gguf" and quant_config is not None:
+        _check_quantized_checkpoint(model_path, quant_config)
 
-    with torch.device(device), _default_dtype(dtype):
+    with torch.device(device), default_dtype(dtype):
         model = model_cls(hf_config, quant_config=quant_config)
     keep_packed = accepts(model) if quant_config is not None else None
     weights = None if load_format == "dummy" else _weights(load_format, model_path, gguf_path, keep_packed)

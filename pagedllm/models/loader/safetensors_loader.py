@@ -31,6 +31,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "I8": torch.int8,
     "U8": torch.uint8,
     "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,  # fp8 checkpoints' weights
+    "F8_E5M2": torch.float8_e5m2,
 }
 # Far above any real header (names + shapes + offsets), small enough to refuse garbage lengths.
 _MAX_HEADER_BYTES = 100 * 1024 * 1024

@@ -13,7 +13,7 @@ import pytest
 
 from pagedllm.config.features import ReasoningConfig
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import (
+from pagedllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatCompletionStreamChoice,
     DeltaMessage,

@@ -18,13 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pagedllm.entrypoints.openai.protocol import (
-    DeltaFunctionCall,
-    DeltaToolCall,
-    FunctionCall,
-    ToolCall,
-    make_tool_call_id,
-)
+from pagedllm.entrypoints.openai.protocol import make_tool_call_id
+from pagedllm.entrypoints.openai.protocol_chat import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
 from pagedllm.entrypoints.openai.tool_parsers.json_calls import ToolCallPrefix
 
 
