@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import parallel_state
+from pagedllm.layers import skinny_gemm
 from pagedllm.layers.quant.base import LinearMethodBase, WeightLoader, set_weight_loader
 
 if TYPE_CHECKING:
@@ -34,7 +35,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """`F.linear`, except for a single row inside a compiled graph (a one-sequence decode step), where
     it is written as a multiply-reduce that Inductor turns into one streaming kernel: on 2 Zen 4 cores
     that reads bf16 weights at ~25 GB/s where the BLAS matrix-vector product reaches ~13 GB/s, and
-    single-stream decode is bound by reading every weight once per token."""
+    single-stream decode is bound by reading every weight once per token; and for 2 to 8 rows on the
+    CPU (a few decodes, or a request verifying drafted tokens), which go to the few-row kernel
+    (`skinny_gemm`) for the same reason."""
     if x.dim() == 2 and x.shape[0] == 1 and torch.compiler.is_compiling():
         # Store the input row (in float32) before the reduction reads it: Inductor otherwise inlines
         # a pointwise producer (the RMSNorm before the QKV and gate/up projections) into the
@@ -46,6 +49,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if bias is not None:
             y = y + bias.float()
         return y.to(x.dtype)
+    if skinny_gemm.serves(x, weight, bias):
+        return torch.ops.pagedllm.skinny_linear(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

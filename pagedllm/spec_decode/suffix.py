@@ -3,12 +3,19 @@ tokens and of earlier requests' outputs, following the most frequent continuatio
 
 Each trie holds every substring of at most ``max_depth`` tokens (a suffix tree cut at that depth) with
 its number of occurrences. The request's trie grows by one token per step in O(max_depth): the nodes
-of the current suffixes ("active" nodes) each get a child. To draft, the longest suffix of the
-sequence that occurred before with a continuation is found, and from there the trie is walked along
-the most frequent child while the product of the branch probabilities stays at or above
-``min_token_prob``; at most ``max_spec_factor`` x (match length) tokens are drafted, so short (weak)
-matches draft little. The global trie holds the outputs of the last ``max_cached_requests`` finished
-requests (0 disables it); the candidate with more drafted tokens wins.
+of the current suffixes ("active" nodes) each get a child. To draft, every suffix of the sequence
+that occurred before with a continuation is a candidate (as in Arctic Inference's suffix decoding):
+from its node the trie is walked along the most frequent child while the product of the branch
+probabilities stays at or above ``min_token_prob``, at most ``max_spec_factor`` x (match length)
+tokens, so short (weak) matches draft little; the candidate with the most drafts expected to be
+accepted (the sum of those probabilities) wins. The global trie holds the outputs of the last
+``max_cached_requests`` finished requests (0 disables it) and proposes candidates the same way.
+
+Choosing by expected acceptance rather than taking the longest match drafts more on copied text:
+the longest match is often a rare phrase with one short continuation, where a shorter suffix
+continues the span being copied. On the `grounded` benchmark prompts (SmolLM2-135M, float32, greedy,
+4 prompts x 64 tokens, 6 drafts) the mean acceptance length went from 2.06 to 2.25 and the tokens
+per step from 1.86 to 2.00.
 """
 
 from __future__ import annotations
@@ -20,11 +27,35 @@ import numpy as np
 
 
 class _Node:
-    __slots__ = ("children", "count")
+    """A substring: its number of occurrences, its continuations, their total count and the most
+    frequent one (the latest to reach that count among equals: text being copied continues the way
+    it did last), kept up to date as counts change so that a walk is O(1) a token."""
 
-    def __init__(self) -> None:
+    __slots__ = ("best", "children", "count", "token", "total")
+
+    def __init__(self, token: int = -1) -> None:
+        self.token = token
         self.count = 0
+        self.total = 0
+        self.best: _Node | None = None
         self.children: dict[int, _Node] = {}
+
+    def child(self, token: int, delta: int) -> _Node | None:
+        """The continuation `token`, its count changed by delta (created, or dropped at 0)."""
+        node = self.children.get(token)
+        if node is None:
+            node = self.children[token] = _Node(token)
+        node.count += delta
+        self.total += delta
+        if node.count <= 0:
+            del self.children[token]
+            node = None
+        if delta > 0:
+            if self.best is None or node.count >= self.best.count:  # type: ignore[union-attr]
+                self.best = node
+        elif node is None or node is self.best:
+            self.best = max(self.children.values(), key=lambda c: c.count, default=None)
+        return node
 
 
 class _Trie:
@@ -35,28 +66,26 @@ class _Trie:
     def add_sequence(self, token_ids: list[int], delta: int) -> None:
         """Add (delta=1) or remove (delta=-1) every substring of ``token_ids`` up to max_depth long."""
         for start in range(len(token_ids)):
-            node = self.root
-            for token in token_ids[start : start + self.max_depth]:
-                child = node.children.get(token)
-                if child is None:
-                    child = node.children[token] = _Node()
-                child.count += delta
-                if child.count <= 0:
-                    del node.children[token]
-                    break
-                node = child
-
-    def match(self, suffix: list[int]) -> tuple[_Node | None, int]:
-        """The node of the longest suffix of ``suffix`` that occurs with a continuation, and its length."""
-        for m in range(min(len(suffix), self.max_depth - 1), 0, -1):
             node: _Node | None = self.root
-            for token in suffix[len(suffix) - m :]:
-                node = node.children.get(token) if node is not None else None
+            for token in token_ids[start : start + self.max_depth]:
+                node = node.child(token, delta)  # type: ignore[union-attr]
                 if node is None:
                     break
-            if node is not None and node.children:
-                return node, m
-        return None, 0
+
+    def matches(self, suffix: list[int]) -> list[tuple[_Node, int]]:
+        """The nodes of the suffixes of ``suffix`` that occurred with a continuation, with their lengths."""
+        found = []
+        for m in range(1, min(len(suffix), self.max_depth - 1) + 1):
+            node: _Node | None = self.root
+            for token in suffix[len(suffix) - m :]:
+                node = node.children.get(token)  # type: ignore[union-attr]
+                if node is None:
+                    break
+            if node is None:
+                break  # no longer suffix occurred either
+            if node.children:
+                found.append((node, m))
+        return found
 
 
 class _RequestTrie(_Trie):
@@ -70,36 +99,30 @@ class _RequestTrie(_Trie):
 
     def extend(self, token_ids: np.ndarray) -> None:
         for token in token_ids[self.num_tokens :].tolist():
-            active: list[_Node] = []
-            for node in [self.root, *self.active]:
-                child = node.children.get(token)
-                if child is None:
-                    child = node.children[token] = _Node()
-                child.count += 1
-                active.append(child)
-            self.active = active[: self.max_depth - 1]
+            active = [node.child(token, 1) for node in [self.root, *self.active]]
+            self.active = active[: self.max_depth - 1]  # type: ignore[assignment]
         self.num_tokens = token_ids.size
 
-    def match_current(self) -> tuple[_Node | None, int]:
-        # active[i] is the suffix of length i + 1: the longest one with a continuation seen before.
-        for i in range(len(self.active) - 1, -1, -1):
-            if self.active[i].children:
-                return self.active[i], i + 1
-        return None, 0
+    def matches_current(self) -> list[tuple[_Node, int]]:
+        # active[i] is the suffix of length i + 1; those with a continuation seen before.
+        return [(node, i + 1) for i, node in enumerate(self.active) if node.children]
 
 
-def _walk(node: _Node, max_tokens: int, min_prob: float) -> list[int]:
+def _walk(node: _Node, max_tokens: int, min_prob: float) -> tuple[list[int], float]:
+    """The drafts along the most frequent continuations while their probability (the product of the
+    branch frequencies) stays at or above min_prob, and their score: the sum of those probabilities,
+    the number of drafts expected to be accepted."""
     drafts: list[int] = []
-    prob = 1.0
-    while len(drafts) < max_tokens and node.children:
-        token, child = max(node.children.items(), key=lambda kv: kv[1].count)
-        total = sum(c.count for c in node.children.values())
-        prob *= child.count / total
+    prob, score = 1.0, 0.0
+    while len(drafts) < max_tokens and node.best is not None:
+        child = node.best
+        prob *= child.count / node.total
         if prob < min_prob:
             break
-        drafts.append(token)
+        score += prob
+        drafts.append(child.token)
         node = child
-    return drafts
+    return drafts, score
 
 
 class SuffixProposer:
@@ -122,17 +145,19 @@ class SuffixProposer:
         trie.extend(token_ids)
         if k <= 0:
             return []
-        best: list[int] = []
-        node, m = trie.match_current()
-        if node is not None:
-            best = _walk(node, self._budget(m, k), self.min_token_prob)
+        candidates = trie.matches_current()
         if self.cached_outputs:
             suffix = token_ids[max(0, token_ids.size - self.max_depth + 1) :].tolist()
-            node, m = self.global_trie.match(suffix)
-            if node is not None:
-                drafts = _walk(node, self._budget(m, k), self.min_token_prob)
-                if len(drafts) > len(best):
-                    best = drafts
+            candidates += self.global_trie.matches(suffix)
+        # Every matching suffix proposes its walk; the best expected number of accepted drafts wins
+        # (the longer match among equals). The longest match alone can be a rare phrase whose
+        # continuation is short, where a shorter one continues a span that is being copied.
+        best: list[int] = []
+        best_key = (0.0, 0)
+        for node, m in candidates:
+            drafts, score = _walk(node, self._budget(m, k), self.min_token_prob)
+            if drafts and (score, m) > best_key:
+                best, best_key = drafts, (score, m)
         return best
 
     def _budget(self, match_len: int, k: int) -> int:

@@ -49,6 +49,7 @@ from torch import nn
 
 from pagedllm.config.compilation import CompilationMode
 from pagedllm.config.utils import cache_root
+from pagedllm.layers import skinny_gemm
 from pagedllm.models.interfaces import HasDecoderLayers, NativeDecoder, SupportsNativeDecode
 
 logger = logging.getLogger("pagedllm.compile")
@@ -129,6 +130,12 @@ class CompiledForward:
         max_tokens = engine_config.scheduler_config.max_num_batched_tokens
         self.range_ends: list[int] = sorted(set(cc.compile_ranges_endpoints or [max_tokens]))
         self.static_sizes: frozenset[int] = frozenset({1, *(cc.compile_sizes or [])})
+        few = skinny_gemm.MAX_ROWS
+        if few < max(self.range_ends) and next(model.parameters()).device.type == "cpu" and skinny_gemm.available():
+            # Steps of 2..few tokens (a few decodes, or one request verifying its drafts) get their own
+            # graphs: the projections run the few-row kernel there, which `linear` only picks where the
+            # traced range proves the row count in bounds.
+            self.range_ends = sorted({*self.range_ends, few})
         self.cache_dir: Path | None = None
         if self.mode == CompilationMode.VLLM_COMPILE and self.backend == "inductor":
             self.cache_dir = compile_cache_dir(engine_config)

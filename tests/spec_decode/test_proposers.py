@@ -68,3 +68,23 @@ def test_draft_length_schedule_and_off_switch() -> None:
     plain = DraftLength(SpeculativeConfig(method="ngram", num_speculative_tokens=4), 64, max_step_tokens=20)
     # Shrinks to fit 20 target tokens, and stops at 10 requests (1 + 1 draft each fills the step).
     assert [plain(n) for n in (1, 4, 5, 9, 10, 11, 64)] == [4, 4, 3, 1, 1, 0, 0]
+
+
+def test_suffix_prefers_the_match_expected_to_accept_more() -> None:
+    # Depth 4: the 2-token match "2 3" can walk 2 tokens, the 1-token match "3" walks 3 with the same
+    # certainty; the longest match alone would draft [4, 5].
+    suffix = SuffixProposer(max_depth=4, max_cached_requests=0, max_spec_factor=4.0, min_token_prob=0.1)
+    assert suffix.propose("a", _ids(1, 2, 3, 4, 5, 6, 9, 2, 3), 3) == [4, 5, 6]
+
+
+def test_suffix_ties_go_to_the_latest_continuation() -> None:
+    suffix = SuffixProposer(max_depth=8, max_cached_requests=0, max_spec_factor=4.0, min_token_prob=0.1)
+    # 1 was followed by 5, then by 6: copied text continues the way it did last.
+    assert suffix.propose("a", _ids(1, 5, 1, 6, 1), 2) == [6, 1]
+
+
+def test_suffix_global_trie_forgets_evicted_continuations() -> None:
+    suffix = SuffixProposer(max_depth=8, max_cached_requests=1, max_spec_factor=4.0, min_token_prob=0.1)
+    suffix.forget("a", _ids(10, 11, 10, 11))
+    suffix.forget("b", _ids(10, 13))  # evicts "a": 10 was followed by 11 only there
+    assert suffix.propose("c", _ids(10), 2) == [13]

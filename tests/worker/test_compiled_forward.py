@@ -17,11 +17,15 @@ from runner_driver import RunnerDriver, hf_greedy, make_config, save_tiny_model
 
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionBackend
 from pagedllm.config import CompilationConfig, CompilationMode, EngineConfig, KernelConfig
+from pagedllm.layers import skinny_gemm
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.model_runner import ModelRunner
 
 PROMPTS = {"a": list(range(5, 45)), "b": [100, 101, 102], "c": [7 * i % 256 for i in range(1, 30)]}
 MAX_TOKENS = 10
+# The graphs of the 2..8-token class (first layer and the others) the compiled forward adds where
+# the few-row product kernel is built.
+FEW_ROW_GRAPHS = 2 if skinny_gemm.available() else 0
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +90,10 @@ def test_every_level_gives_the_greedy_tokens_of_eager(
     if compiled:
         forward = runner._forward
         assert isinstance(forward, CompiledForward)
-        # One graph per (shape class, first layer or not) for the classes the workload hits (2..64
-        # tokens, and 1 token where one-token steps do not run natively), plus the single-row LM
-        # head: many step sizes, no recompiles.
-        graphs = 3 if forward.native is not None else 5
+        # One graph per (shape class, first layer or not) for the classes the workload hits (2..8
+        # tokens where the few-row kernel is built, the rest up to 64, and 1 token where one-token
+        # steps do not run natively), plus the single-row LM head: many step sizes, no recompiles.
+        graphs = (3 if forward.native is not None else 5) + FEW_ROW_GRAPHS
         assert forward.num_graphs == graphs
         # Every step after a graph's first ran Dynamo's captured bytecode as a plain function, not
         # torch.compile's wrapper (which carries its original callable).
@@ -108,7 +112,7 @@ def test_without_the_bytecode_hook_the_compiled_wrappers_run(
     forward = runner._forward
     assert isinstance(forward, CompiledForward)
     calls = [*forward._fns.values(), forward._single_row_call]
-    assert len(calls) == 5 and all(is_compile_wrapper(f) for f in calls)
+    assert len(calls) == 5 + FEW_ROW_GRAPHS and all(is_compile_wrapper(f) for f in calls)
 
 
 @pytest.mark.parametrize("mode", [CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE])
@@ -163,8 +167,8 @@ def test_warm_start_loads_every_graph_from_the_cache(model_dir: Path, tmp_path: 
         assert out.returncode == 0, out.stderr[-2000:]
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     cold, warm = runs
-    assert cold["graphs"] == warm["graphs"] == 5
-    assert cold["hits"] == 0 and warm["hits"] == 5
+    assert cold["graphs"] == warm["graphs"] == 5 + FEW_ROW_GRAPHS
+    assert cold["hits"] == 0 and warm["hits"] == 5 + FEW_ROW_GRAPHS
     assert any((tmp_path / "compile-cache").iterdir())
 
 
@@ -180,7 +184,7 @@ def test_warm_up_compiles_every_shape_class_at_start(
     assert built == (["cpu"] if warm_up else [])
     forward = runner._forward
     assert isinstance(forward, CompiledForward)
-    # Both shape classes (first layer and the others) and the single-row LM head, before any request.
-    assert forward.num_graphs == (5 if warm_up else 0)
+    # Every shape class (first layer and the others) and the single-row LM head, before any request.
+    assert forward.num_graphs == (5 + FEW_ROW_GRAPHS if warm_up else 0)
     run_workload(runner)
-    assert forward.num_graphs == 5
+    assert forward.num_graphs == 5 + FEW_ROW_GRAPHS
