@@ -34,7 +34,7 @@ SUPPORTED = (
     "LM head of Llama-family models run from the Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K-Q6_K blocks); "
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
-    "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
+    "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching (cache_dtype auto/float32/bfloat16/float16, or fp8/fp8_e4m3/fp8_e5m2 with per-layer scales, 1.0 or calculate_kv_scales); chunked prefill; fcfs and "
     "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp', 'ray' or 'external_launcher'); torch.compile levels O0-O3 "
     "(without CUDA graphs: on CUDA the compiled forward runs uncaptured, with a warning); "
     "load formats auto/safetensors/gguf/dummy; reasoning parsers (reasoning_config.reasoning_parser, "
@@ -111,6 +111,11 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "kv_transfer_config.kv_connector without kv_transfer_config.kv_role "
             "(set one of kv_producer, kv_consumer, kv_both)",
         ),
+        (
+            cc.calculate_kv_scales and kv is not None and "SharedStorageConnector" in kv.connector_names(),
+            "cache_config.calculate_kv_scales with SharedStorageConnector (stored blocks carry the fp8 "
+            "scales of the engine that stored them)",
+        ),
         (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
         (
             cfg.ec_manager_config.manager_cls is not None,
@@ -162,7 +167,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "expert parallelism",
         ),
         (pc.enable_fault_tolerance, "parallel_config.enable_fault_tolerance (worker fault tolerance)"),
-        (cc.cache_dtype.startswith("fp8"), f"cache_config.cache_dtype={cc.cache_dtype!r} (FP8 KV cache)"),
         (cc.kv_sharing_fast_prefill, "cache_config.kv_sharing_fast_prefill"),
         (cc.use_replayssm, "cache_config.use_replayssm (Mamba state replay)"),
         (cc.mamba_block_size is not None, "cache_config.mamba_block_size (Mamba state cache)"),
