@@ -38,23 +38,34 @@ def test_native_store_equals_tensor_quantization(cache_dtype: torch.dtype, act: 
     assert native.float().abs().max() == fp8_kv.fp8_max(cache_dtype)  # saturated, not inf / NaN
 
 
+MIXED = [[("a", 37), ("b", 20)], [("b", 30)], [("a", 1), ("b", 1)], [("a", 2), ("b", 1)], [("a", 1)]]
+# One request over one kv head: fewer (request, kv head) pairs than twice the threads, so the native
+# kernel splits its keys across work items and merges the parts (the value scale applied there).
+SPLIT = [[("a", 300)], [("a", 1)]]
+
+
 @pytest.mark.parametrize("path", ["native", "blockwise", "compiled"])
 @pytest.mark.parametrize("act", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("cache_dtype", FP8)
+@pytest.mark.parametrize(("kv_heads", "steps"), [(2, MIXED), (1, SPLIT)], ids=["mixed", "split"])
 def test_decode_paths_read_the_fp8_cache(
-    cache_dtype: torch.dtype, act: torch.dtype, path: str, monkeypatch: pytest.MonkeyPatch
+    kv_heads: int,
+    steps: list[list[tuple[str, int]]],
+    cache_dtype: torch.dtype,
+    act: torch.dtype,
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Prompts, a chunk over a cached prefix, then decode steps (one with two rows per request):
     each decode row's output equals attention over `dequantize(quantize(k))` of its history."""
     if path != "native":
         monkeypatch.setattr(cpu_decode, "supports", lambda *args: False)
     monkeypatch.setattr(PagedBatch, "compiled_decode", path == "compiled")
-    heads, kv_heads, head_size = 6, 2, 64
+    heads, head_size = 6, 64
     impl = TorchPagedAttentionImpl(heads, head_size, head_size**-0.5, kv_heads, None, None)
     batch = PagedBatch.for_impls([impl], num_blocks=32, dtype=act, cache_dtype=cache_dtype)
     gen = torch.Generator().manual_seed(0)
     history: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-    steps = [[("a", 37), ("b", 20)], [("b", 30)], [("a", 1), ("b", 1)], [("a", 2), ("b", 1)], [("a", 1)]]
     for chunks in steps:
         _, md = batch.metadata(chunks)
         assert (md.layer_plans[impl][0] is not None) == (path == "native")

@@ -6,8 +6,10 @@ work is linear in the keys each query attends to. The builder (`torch_paged_meta
 step into decode rows (every token of a request with at most `MAX_DECODE_QUERY_LEN` new tokens, each
 with its own length) and prompt segments, and plans both once per step. The paths:
 
-* Decode rows on CPU, in float32 or bfloat16: the native kernel of `cpu_decode`, which reads each
-  request's blocks where they lie (no gathered copy), one call for all rows.
+* Decode rows on CPU, in float32 or bfloat16 over a cache of that dtype or of fp8: the native kernel
+  of `cpu_decode`, which reads each request's blocks where they lie (no gathered copy), one call for
+  all rows. The other paths read an fp8 cache (`fp8_kv`) dequantized to the activations' dtype; a
+  fresh prompt attends its own new keys and values as computed, before they are rounded to fp8.
 * Decode rows elsewhere (CUDA, float16, no C compiler), all at once: "block-wise flash decoding".
   Every (row, cache block) pair becomes one batch entry: the blocks are gathered from the paged cache
   with one `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x [B, kv_heads,
