@@ -51,6 +51,9 @@ class CommonAttentionMetadata:
     # Python copies of the small per-request vectors, for builders that plan on the host.
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    # Set on the first prompt step when `calculate_kv_scales` is on: each layer sets its fp8 cache's
+    # key and value scales from this step's keys and values before storing them.
+    calculate_kv_scales: bool = False
 
 
 @dataclass
@@ -109,12 +112,15 @@ class AttentionImpl(ABC):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata | None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`query` [T, num_heads, head_size], `key`/`value` [T, num_kv_heads, head_size] (heads
         contiguous within each row) -> [T, num_heads, head_size]. Writes this step's keys/values into
         `kv_cache` at `attn_metadata.slot_mapping` first; with `attn_metadata=None` (profiling) the T
         tokens are attended as one causal sequence and the cache is not touched. `attn_metadata` must
-        come from this backend's builder over a set of layers that included this one."""
+        come from this backend's builder over a set of layers that included this one. `kv_scales`:
+        the layer's float32 `[k_scale, v_scale]` of an fp8 cache (`pagedllm.attention.fp8_kv`; None
+        reads as 1.0), set from this step's keys and values when `attn_metadata.calculate_kv_scales`."""
 
 
 class AttentionLayer(Protocol):

@@ -43,6 +43,7 @@ def unified_attention(
     key: torch.Tensor,
     value: torch.Tensor,
     kv_cache: torch.Tensor,
+    kv_scales: torch.Tensor,
     num_heads: int,
     head_size: int,
     scale: float,
@@ -55,8 +56,8 @@ def unified_attention(
     is read from the forward context at run time. The constants are the layer's `AttentionParams`
     (window 0 and soft cap 0.0 for none), by which it finds the impl its layer registered.
 
-    The layer's cache is a tensor argument, not a name: one traced decoder block serves every layer,
-    each call passing its own cache. The op writes this step's keys and values into `kv_cache` as a
+    The layer's cache (and its fp8 scales) are tensor arguments, not a name: one traced decoder block
+    serves every layer, each call passing its own cache. The op writes this step's keys and values into `kv_cache` as a
     side effect, deliberately undeclared: declaring it would make the functionalized graph copy the
     whole cache, and nothing else in a graph reads the cache.
 
@@ -64,7 +65,7 @@ def unified_attention(
     wrapper (argument and aliasing checks on every call) costs ~6 us more per layer and step."""
     # A plain tuple finds the `AttentionParams` key (equal and hashed alike) without its constructor.
     impl = _IMPLS[(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap)]  # type: ignore[index]
-    return impl.forward(query, key, value, kv_cache, get_forward_context().attn_metadata)
+    return impl.forward(query, key, value, kv_cache, get_forward_context().attn_metadata, kv_scales)
 
 
 def _unified_attention_fake(
@@ -72,6 +73,7 @@ def _unified_attention_fake(
     key: torch.Tensor,
     value: torch.Tensor,
     kv_cache: torch.Tensor,
+    kv_scales: torch.Tensor,
     num_heads: int,
     head_size: int,
     scale: float,
@@ -84,7 +86,7 @@ def _unified_attention_fake(
 
 _LIBRARY = torch.library.Library("pagedllm", "DEF")
 _LIBRARY.define(
-    "unified_attention(Tensor query, Tensor key, Tensor value, Tensor kv_cache, int num_heads, "
+    "unified_attention(Tensor query, Tensor key, Tensor value, Tensor kv_cache, Tensor kv_scales, int num_heads, "
     "int head_size, float scale, int num_kv_heads, int sliding_window, float logits_soft_cap) -> Tensor"
 )
 _LIBRARY.impl("unified_attention", unified_attention, "CompositeExplicitAutograd")
@@ -121,6 +123,8 @@ class Attention(nn.Module):
             )
         )
         self.kv_cache = torch.empty(0)
+        # [k_scale, v_scale] of an fp8 cache (`pagedllm.attention.fp8_kv`); unused by other dtypes.
+        self.kv_scales = torch.ones(2)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """`query` [T, num_heads * head_size], `key`/`value` [T, num_kv_heads * head_size] ->
@@ -130,10 +134,14 @@ class Attention(nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
         if torch.compiler.is_compiling():
-            out = torch.ops.pagedllm.unified_attention(q, k, v, self.kv_cache, *self.impl.params)
+            out = torch.ops.pagedllm.unified_attention(
+                q, k, v, self.kv_cache, self.kv_scales, *self.impl.params
+            )
         else:
             # Eager: call the backend directly, skipping the op dispatcher's overhead.
-            out = self.impl.forward(q, k, v, self.kv_cache, get_forward_context().attn_metadata)
+            out = self.impl.forward(
+                q, k, v, self.kv_cache, get_forward_context().attn_metadata, self.kv_scales
+            )
         return out.reshape(num_tokens, self.num_heads * self.head_size)
 
     def extra_repr(self) -> str:

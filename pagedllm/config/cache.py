@@ -25,7 +25,12 @@ class CacheConfig:
     """KV cache size in bytes. Unset: on CPU a share of the memory left after loading the weights, on CUDA
     what `gpu_memory_utilization` leaves after a profiling run."""
     cache_dtype: CacheDType = "auto"
-    """Data type of the KV cache; "auto" uses the model dtype."""
+    """Data type of the KV cache; "auto" uses the model dtype. "fp8" (= "fp8_e4m3") and "fp8_e5m2" store
+    keys and values in one byte each, divided by a per-layer scale (see `calculate_kv_scales`)."""
+    calculate_kv_scales: bool = False
+    """With an fp8 `cache_dtype`: compute each layer's key and value scales from the first prompt step
+    (the largest magnitude of its keys / values over the fp8 maximum), then keep them. Unset, the
+    scales are 1.0."""
     enable_prefix_caching: bool = True
     """Reuse the KV cache of identical prompt prefixes across requests."""
     prefix_caching_hash_algo: PrefixCachingHashAlgo = "sha256"

@@ -39,7 +39,7 @@ SUPPORTED = (
     "config.json; not block-wise weight_block_size scales, not compressed-tensors); "
     "mixture-of-experts decoders (Qwen2-MoE, Qwen3-MoE, Mixtral; no expert parallelism); "
     "pooling models (BertModel / BertForSequenceClassification encoders, and the Llama, Qwen2 and Qwen3 "
-    "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching; chunked prefill; fcfs and "
+    "decoders as last-token embedders); dtypes float32/bfloat16/float16; paged KV cache with prefix caching (cache_dtype auto/float32/bfloat16/float16, or fp8/fp8_e4m3/fp8_e5m2 with per-layer scales, 1.0 or calculate_kv_scales); chunked prefill; fcfs and "
     "priority scheduling; tensor and pipeline parallelism (distributed_executor_backend 'mp', 'ray' or 'external_launcher'); "
     "data parallelism under `pagedllm serve` (data_parallel_size engine cores behind one server, or one rank "
     "per server with data_parallel_external_lb and data_parallel_rank); torch.compile levels O0-O3 "
@@ -119,6 +119,11 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "kv_transfer_config.kv_connector without kv_transfer_config.kv_role "
             "(set one of kv_producer, kv_consumer, kv_both)",
         ),
+        (
+            cc.calculate_kv_scales and kv is not None and "SharedStorageConnector" in kv.connector_names(),
+            "cache_config.calculate_kv_scales with SharedStorageConnector (stored blocks carry the fp8 "
+            "scales of the engine that stored them)",
+        ),
         (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
         (
             cfg.ec_manager_config.manager_cls is not None,
@@ -165,7 +170,6 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "expert parallelism",
         ),
         (pc.enable_fault_tolerance, "parallel_config.enable_fault_tolerance (worker fault tolerance)"),
-        (cc.cache_dtype.startswith("fp8"), f"cache_config.cache_dtype={cc.cache_dtype!r} (FP8 KV cache)"),
         (cc.kv_sharing_fast_prefill, "cache_config.kv_sharing_fast_prefill"),
         (cc.use_replayssm, "cache_config.use_replayssm (Mamba state replay)"),
         (cc.mamba_block_size is not None, "cache_config.mamba_block_size (Mamba state cache)"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedllm.attention.fp8_kv import FP8_CACHE_DTYPES
 from pagedllm.platforms import current_platform
 
 logger = logging.getLogger("pagedllm.worker")
@@ -130,9 +131,16 @@ def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
 
 
 def resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache tensors' dtype for `cache_config.cache_dtype` (an fp8 one holds 1-byte elements, so
+    the same budget holds more blocks: `KVCacheSpec.bytes_per_block`)."""
     if cache_dtype == "auto":
         return model_dtype
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtypes = {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        **FP8_CACHE_DTYPES,
+    }
     if cache_dtype not in dtypes:
         raise ValueError(
             f"cache_dtype={cache_dtype!r} is not supported by the model runner yet "

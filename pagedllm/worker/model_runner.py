@@ -30,6 +30,7 @@ from pagedllm import envs
 from pagedllm.attention import (
     AttentionMetadata,
     CommonAttentionMetadata,
+    fp8_kv,
 )
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.core.runner_output import LogprobsLists, ModelRunnerOutput
@@ -102,6 +103,8 @@ class ModelRunner(RunnerStartup):
         self.device: torch.device = torch.device(engine_config.device_config.device)
         self.dtype: torch.dtype = mc.dtype
         self.kv_cache_dtype = resolve_cache_dtype(self.cache_config.cache_dtype, mc.dtype)
+        # Whether the next step with tokens sets the layers' fp8 scales (`calculate_kv_scales`).
+        self.kv_scales_pending = self.cache_config.calculate_kv_scales and fp8_kv.is_fp8(self.kv_cache_dtype)
         self.block_size: int = self.cache_config.block_size
         self.max_model_len: int = mc.max_model_len
         sc = engine_config.scheduler_config
@@ -323,7 +326,9 @@ class ModelRunner(RunnerStartup):
             max_seq_len=max_seq_len,
             query_start_loc_cpu=qsl.tolist(),
             seq_lens_cpu=seq_lens.tolist(),
+            calculate_kv_scales=self.kv_scales_pending,
         )
+        self.kv_scales_pending = False
         md = self.attn_metadata_builder.build(common)
         input_ids = self._input_ids.to_device(total)
         positions_dev = self._positions.to_device(total)

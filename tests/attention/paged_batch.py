@@ -44,7 +44,9 @@ class PagedBatch:
         block_size: int = 16,
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        cache_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype`: the activations'; the cache's is `cache_dtype`, by default the same."""
         self.block_size = block_size
         self.dtype = dtype
         # The layers the metadata is built for (`for_model`, `for_impls`).
@@ -54,7 +56,7 @@ class PagedBatch:
             torch.full(
                 get_attn_backend().get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size),
                 float("nan"),
-                dtype=dtype,
+                dtype=cache_dtype or dtype,
             )
             for _ in range(num_layers)
         ]
@@ -64,7 +66,7 @@ class PagedBatch:
         self.computed: dict[str, int] = {}
 
     @classmethod
-    def for_model(cls, model: nn.Module, **kwargs: int | torch.dtype) -> PagedBatch:
+    def for_model(cls, model: nn.Module, **kwargs: int | torch.dtype | None) -> PagedBatch:
         layers = list(attention_layers(model).values())
         first = layers[0]
         batch = cls(len(layers), first.num_kv_heads, first.head_size, **kwargs)  # type: ignore[arg-type]

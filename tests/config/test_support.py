@@ -74,7 +74,13 @@ from pagedllm.config.support import allow_unsupported, check_in_process, check_s
             {"kv_transfer_config": KVTransferConfig(kv_connector="SharedStorageConnector")},
             "kv_transfer_config.kv_role",
         ),
-        ({"cache_config": CacheConfig(cache_dtype="fp8")}, "cache_dtype"),
+        (
+            {
+                "cache_config": CacheConfig(cache_dtype="fp8", calculate_kv_scales=True),
+                "kv_transfer_config": KVTransferConfig(kv_connector="SharedStorageConnector", kv_role="kv_both"),
+            },
+            "calculate_kv_scales with SharedStorageConnector",
+        ),
         ({"diffusion_config": DiffusionConfig(canvas_length=8)}, "diffusion_config"),
         ({"engram_config": EngramConfig()}, "engram"),
         ({"reasoning_config": ReasoningConfig()}, "reasoning_config"),
@@ -178,6 +184,9 @@ def test_supported_values_of_the_same_options_pass() -> None:
     assert unsupported_features(
         EngineConfig(model_config=ModelConfig(), speculative_config=eagle3, compilation_config=compiled)
     ) == []
+    for dtype in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+        cache = CacheConfig(cache_dtype=dtype, calculate_kv_scales=True)
+        assert unsupported_features(EngineConfig(model_config=ModelConfig(), cache_config=cache)) == []
 
 
 @pytest.mark.parametrize(

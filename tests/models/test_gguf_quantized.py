@@ -12,6 +12,7 @@ import torch
 from attention.paged_batch import PagedBatch
 from gguf import GGMLQuantizationType as Q
 from gguf_files import write_llama_gguf
+from perplexity import smollm2_perplexity
 from test_gguf import _transformers_tensors
 from transformers import AutoModelForCausalLM
 
@@ -116,30 +117,11 @@ def test_truncated_file_is_refused_naming_the_file(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 263 eight-token steps: ~10 min on the loaded 2-core VM, far less when quiet
 def test_smollm2_perplexity_quantized_within_1_percent(smollm2_gguf: Path) -> None:
-    """The embedded SmolLM2 Q4_1 model's perplexity on a fixed English text (2,104 tokens, written
-    for this test) run from its blocks, in 8-token steps so every product takes the int8 kernel,
-    within 1% of the same file dequantized (the float path, whole-prompt steps)."""
-    from transformers import AutoTokenizer
-
-    config = hf_config_from_gguf(read_gguf_header(smollm2_gguf))
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_gguf.parent, gguf_file=smollm2_gguf.name)
-    text = (Path(__file__).parent / "data" / "perplexity_text.txt").read_text()
-    ids = tokenizer.encode(text)
-    assert len(ids) >= 2000
-
-    def perplexity(quant_config: GGUFQuantizationConfig | None, step: int) -> float:
-        model = load_model(config, smollm2_gguf.parent, gguf_file=smollm2_gguf.name, quant_config=quant_config)
-        batch = PagedBatch.for_model(model, num_blocks=len(ids) // 16 + 2)
-        logprobs = []
-        for start in range(0, len(ids) - 1, step):
-            chunk = ids[start : min(start + step, len(ids) - 1)]
-            (logits,) = batch.run(model, [("r", chunk)])
-            targets = torch.tensor(ids[start + 1 : start + 1 + len(chunk)])
-            logprobs.append(torch.log_softmax(logits.float(), -1).gather(1, targets[:, None]))
-        return float(torch.exp(-torch.cat(logprobs).mean()))
-
-    reference = perplexity(None, 1024)
-    quantized = perplexity(GGUFQuantizationConfig(), 8)
+    """The embedded SmolLM2 Q4_1 model's perplexity run from its blocks, in 8-token steps so every
+    product takes the int8 kernel, within 1% of the same file dequantized (the float path,
+    whole-prompt steps)."""
+    reference = smollm2_perplexity(smollm2_gguf, None, 1024)
+    quantized = smollm2_perplexity(smollm2_gguf, GGUFQuantizationConfig(), 8)
     assert abs(quantized / reference - 1) < 0.01, (quantized, reference)
 
 

@@ -12,6 +12,7 @@ from pagedllm.worker.kv_cache import (
     cpu_kv_cache_budget,
     num_blocks_from_budget,
     profile_cuda_kv_cache_budget,
+    resolve_cache_dtype,
 )
 
 
@@ -21,6 +22,27 @@ def test_bytes_per_block() -> None:
     assert spec.bytes_per_block == 30 * 2 * 16 * 3 * 64 * 2
     mixed = KVCacheSpec(block_size=8, num_kv_heads=[2, 4], head_size=[16, 8], dtype=torch.float32)
     assert mixed.bytes_per_block == 8 * 4 * (2 * 2 * 16 + 2 * 4 * 8)
+
+
+@pytest.mark.parametrize(
+    ("cache_dtype", "dtype", "bytes_per_element"),
+    [
+        ("fp8", torch.float8_e4m3fn, 1),
+        ("fp8_e4m3", torch.float8_e4m3fn, 1),
+        ("fp8_e5m2", torch.float8_e5m2, 1),
+    ],
+)
+def test_fp8_cache_holds_four_times_the_float32_blocks(
+    cache_dtype: str, dtype: torch.dtype, bytes_per_element: int
+) -> None:
+    assert resolve_cache_dtype(cache_dtype, torch.float32) == dtype
+    shape = {"block_size": 16, "num_kv_heads": [3] * 30, "head_size": [64] * 30}
+    fp8 = KVCacheSpec(**shape, dtype=dtype)  # type: ignore[arg-type]
+    assert fp8.bytes_per_block == 30 * 2 * 16 * 3 * 64 * bytes_per_element
+    budget = 64 * 2**20
+    for wide, ratio in ((torch.float32, 4), (torch.bfloat16, 2)):
+        wide_blocks = num_blocks_from_budget(budget, KVCacheSpec(**shape, dtype=wide).bytes_per_block, None)  # type: ignore[arg-type]
+        assert num_blocks_from_budget(budget, fp8.bytes_per_block, None) == ratio * wide_blocks
 
 
 def test_num_blocks_from_budget() -> None:

@@ -20,6 +20,10 @@
  * value sums. The body is written once for float and bfloat16 elements; the common head sizes (and
  * in bfloat16 the common group sizes) get their own constant-size copies, which the compiler keeps in
  * vector registers.
+ *
+ * The cache holds the activations' type, or fp8 (e4m3 or e5m2: a quarter / half the bytes to read)
+ * storing x / scale with one key and one value scale per layer: the key scale is folded into the
+ * query, the value scale into the output, so an fp8 element costs only its widening to float.
  */
 #include <float.h>
 #include <math.h>
@@ -52,17 +56,56 @@ INLINE uint16_t float_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* Element types: of the activations (F32 or BF16) and of the cache (any). */
+enum { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3 };
+#define ELEM_SIZE(type) ((type) == F32 ? 4 : (type) == BF16 ? 2 : 1)
+
+/* fp8 formats as (mantissa bits, exponent bias, largest finite value). An fp8 magnitude's bits
+ * shifted to a float's top bits (below the sign) are that float's exponent and mantissa with the
+ * float's bias (127): multiplying by 2^(bias - 127) corrects it, subnormals included (they land on
+ * float subnormals). */
+#define FP8_MANT(type) ((type) == E4M3 ? 3 : 2)
+#define FP8_BIAS(type) ((type) == E4M3 ? 7 : 15)
+#define FP8_MAX(type) ((type) == E4M3 ? 448.0f : 57344.0f)
+
+INLINE float pow2(int e) {
+    const uint32_t bits = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* x in fp8 `type`: saturated to the largest finite value, rounded to nearest even. */
+INLINE uint8_t float_to_fp8(float x, int type) {
+    const int shift = 23 - FP8_MANT(type);
+    float a = fabsf(x);
+    a = a < FP8_MAX(type) ? a : FP8_MAX(type); /* also NaN -> the largest value */
+    a *= pow2(FP8_BIAS(type) - 127); /* the reverse of load_vec's scaling */
+    uint32_t u;
+    memcpy(&u, &a, sizeof u);
+    u += ((1u << shift) >> 1) - 1 + ((u >> shift) & 1u);
+    return (uint8_t)((u >> shift) | (signbit(x) ? 0x80u : 0u));
+}
+
 /* 16 floats: one AVX-512 register; the compiler splits it on narrower vector units. */
 typedef float vec __attribute__((vector_size(64)));
 typedef uint16_t bf16_vec __attribute__((vector_size(32)));
+typedef uint8_t byte_vec __attribute__((vector_size(16)));
 typedef uint32_t word_vec __attribute__((vector_size(64)));
 #define LANES 16
 #define MAX_CHUNKS (MAX_HEAD / LANES)
 
-/* 16 elements at `p`, float (bf16 == 0) or bfloat16, as floats. */
-INLINE vec load_vec(const char *p, int bf16) {
+/* 16 elements at `p` of `type` as floats (fp8 ones unscaled). */
+INLINE vec load_vec(const char *p, int type) {
     vec f;
-    if (bf16) {
+    if (type == E4M3 || type == E5M2) {
+        byte_vec b;
+        memcpy(&b, p, sizeof b);
+        const word_vec w = __builtin_convertvector(b, word_vec);
+        const word_vec bits = ((w & 0x7fu) << (23 - FP8_MANT(type))) | ((w & 0x80u) << 24);
+        memcpy(&f, &bits, sizeof f);
+        f *= pow2(127 - FP8_BIAS(type));
+    } else if (type == BF16) {
 #ifdef __AVX512F__
         /* One widening load; the generic conversion below compiles to two half-width ones and an
          * insert, which dominated the kernel's time. */
@@ -114,6 +157,7 @@ typedef struct {
     int64_t q_stride, out_stride, table_stride, num_kv_heads, group, block_size, window;
     float scale;
     float soft_cap; /* 0: none */
+    float k_scale, v_scale; /* of an fp8 cache; 1 otherwise */
 } DecodeArgs;
 
 INLINE void store_row(char *out, int64_t d, float x, int bf16) {
@@ -221,7 +265,7 @@ INLINE void prefetch_block(const DecodeArgs *a, int64_t block, int64_t h, int64_
  * With `partial` NULL the result is final and goes to `out`; otherwise the unnormalized state
  * (running max, sum, weighted values: group x (2 + D) floats) goes there for merge_splits. `nc` is
  * the head size in 16-float chunks, a compile-time constant in the specialized copies; `bf16`
- * selects the element type.
+ * selects the activations' element type, `kv` the cache's.
  *
  * Keys go in segments of up to SEGMENT_CHUNKS x 16, each in two passes: all the segment's scores
  * first (keys 16 at a time: each key row converted once for all query heads of the group, a head's 16
@@ -230,8 +274,8 @@ INLINE void prefetch_block(const DecodeArgs *a, int64_t block, int64_t h, int64_
  * and rescale between each 16 keys' scores and their value sums, which the core could not overlap. */
 #define SEGMENT_CHUNKS 16
 INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_begin, int64_t b_end,
-                        float *partial, const int64_t nc, const int64_t group, const int bf16) {
-    const int64_t elem = bf16 ? 2 : 4, D = nc * LANES;
+                        float *partial, const int64_t nc, const int64_t group, const int bf16, const int kv) {
+    const int64_t elem = bf16 ? 2 : 4, kv_elem = ELEM_SIZE(kv), D = nc * LANES;
     const int64_t bs = a->block_size, start = first_key(a, r);
     const int32_t *table = a->tables + a->table_rows[r] * a->table_stride;
     vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS], dots[MAX_GROUP][LANES];
@@ -242,7 +286,7 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
     const char *qr = a->q + (a->q_rows[r] * a->q_stride + h * group * D) * elem;
     for (int64_t g = 0; g < group; g++) {
         for (int64_t c = 0; c < nc; c++) {
-            qv[g][c] = load_vec(qr + (g * D + c * LANES) * elem, bf16) * a->scale;
+            qv[g][c] = load_vec(qr + (g * D + c * LANES) * elem, bf16) * (a->scale * a->k_scale);
             acc[g][c] = (vec){0};
         }
         run_max[g] = -FLT_MAX;
@@ -251,18 +295,18 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
     /* The walk: block b, its keys [c0, t1). */
     int64_t b = b_begin, c0 = start > b * bs ? start - b * bs : 0, t1 = keys_in_block(a, r, b);
     for (int64_t ahead = b + 1; ahead <= b + L2_AHEAD && ahead < b_end; ahead++)
-        prefetch_block(a, table[ahead], h, bs * D * elem);
+        prefetch_block(a, table[ahead], h, bs * D * kv_elem);
     while (b < b_end) {
         int64_t chunks = 0;
         for (; chunks < SEGMENT_CHUNKS && b < b_end; chunks++) {
-            chunk_offset[chunks] = (((int64_t)table[b] * a->num_kv_heads + h) * bs + c0) * D * elem;
+            chunk_offset[chunks] = (((int64_t)table[b] * a->num_kv_heads + h) * bs + c0) * D * kv_elem;
             chunk_keys[chunks] = t1 - c0 < LANES ? t1 - c0 : LANES;
             c0 += LANES;
             if (c0 >= t1) {
                 /* Blocks lie at random places, each pages away from the last: every one would
                  * start with a row of cache misses before the hardware prefetcher catches on. The
                  * blocks up to L2_AHEAD ahead are requested (all of them at the start). */
-                if (++b + L2_AHEAD < b_end) prefetch_block(a, table[b + L2_AHEAD], h, bs * D * elem);
+                if (++b + L2_AHEAD < b_end) prefetch_block(a, table[b + L2_AHEAD], h, bs * D * kv_elem);
                 c0 = 0;
                 t1 = keys_in_block(a, r, b);
             }
@@ -276,7 +320,7 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
             for (int64_t t = 0; t < LANES; t++) {
                 if (t < n) {
                     vec key[MAX_CHUNKS];
-                    for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + (t * D + c * LANES) * elem, bf16);
+                    for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + (t * D + c * LANES) * kv_elem, kv);
                     for (int64_t g = 0; g < group; g++) {
                         vec dot = qv[g][0] * key[0];
                         for (int64_t c = 1; c < nc; c++) dot += qv[g][c] * key[c];
@@ -318,7 +362,7 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
              * in registers where the group size is a compile-time constant). */
             for (int64_t t = 0; t < n; t++) {
                 vec value[MAX_CHUNKS];
-                for (int64_t c = 0; c < nc; c++) value[c] = load_vec(vb + (t * D + c * LANES) * elem, bf16);
+                for (int64_t c = 0; c < nc; c++) value[c] = load_vec(vb + (t * D + c * LANES) * kv_elem, kv);
                 for (int64_t g = 0; g < group; g++)
                     for (int64_t c = 0; c < nc; c++) acc[g][c] += p[g][t] * value[c];
             }
@@ -336,7 +380,7 @@ INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_beg
     }
     char *out = a->out + (a->q_rows[r] * a->out_stride + h * group * D) * elem;
     for (int64_t g = 0; g < group; g++) {
-        const float inv = run_sum[g] > 0.0f ? 1.0f / run_sum[g] : 0.0f;
+        const float inv = run_sum[g] > 0.0f ? a->v_scale / run_sum[g] : 0.0f;
         for (int64_t c = 0; c < nc; c++) {
             const vec x = acc[g][c] * inv;
             for (int64_t i = 0; i < LANES; i++) store_row(out, g * D + c * LANES + i, x[i], bf16);
@@ -362,7 +406,7 @@ static void merge_splits(const DecodeArgs *a, int64_t tasks, int64_t splits, con
                 sum += st[1] * w;
                 for (int64_t d = 0; d < head_size; d++) o[d] += st[2 + d] * w;
             }
-            const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const float inv = sum > 0.0f ? a->v_scale / sum : 0.0f;
             for (int64_t d = 0; d < head_size; d++) store_row(out, g * head_size + d, o[d] * inv, bf16);
         }
     }
@@ -393,7 +437,7 @@ static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
     return splits > 1 ? splits : 1;
 }
 
-static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size, int bf16) {
+static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size, int bf16, int kv) {
     if (a->group > MAX_GROUP || head_size > MAX_HEAD || head_size % LANES)
         return -1;
     const int64_t nc = head_size / LANES, tasks = num_reqs * a->num_kv_heads;
@@ -413,19 +457,31 @@ static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size
         const int64_t b_end = first + (end - first) * (split + 1) / splits;
         float *partial = scratch ? scratch + item * a->group * (2 + head_size) : NULL;
         /* Copies for the common head sizes, and in bfloat16 for the common groups: with both
-         * constant a group's accumulators stay in vector registers (7-11% here on SmolLM2's 3). */
-#define TASK(NC, GROUP) decode_task(a, r, h, b_begin, b_end, partial, NC, GROUP, bf16)
+         * constant a group's accumulators stay in vector registers (7-11% here on SmolLM2's 3).
+         * Each cache type gets its own copies (kv is a constant in them). */
+#define TASK(NC, GROUP, KV) decode_task(a, r, h, b_begin, b_end, partial, NC, GROUP, bf16, KV)
+#define TASKS(KV)                                                                                           \
+    if (bf16 && nc == 4 && group <= 4)                                                                      \
+        group == 1 ? TASK(4, 1, KV) : group == 2 ? TASK(4, 2, KV) : group == 3 ? TASK(4, 3, KV) : TASK(4, 4, KV); \
+    else if (bf16 && nc == 8 && group <= 4)                                                                 \
+        group == 1 ? TASK(8, 1, KV) : group == 2 ? TASK(8, 2, KV) : group == 3 ? TASK(8, 3, KV) : TASK(8, 4, KV); \
+    else if (nc == 4)                                                                                       \
+        TASK(4, group, KV);                                                                                 \
+    else if (nc == 8)                                                                                       \
+        TASK(8, group, KV);                                                                                 \
+    else                                                                                                    \
+        TASK(nc, group, KV);
         const int64_t group = a->group;
-        if (bf16 && nc == 4 && group <= 4)
-            group == 1 ? TASK(4, 1) : group == 2 ? TASK(4, 2) : group == 3 ? TASK(4, 3) : TASK(4, 4);
-        else if (bf16 && nc == 8 && group <= 4)
-            group == 1 ? TASK(8, 1) : group == 2 ? TASK(8, 2) : group == 3 ? TASK(8, 3) : TASK(8, 4);
-        else if (nc == 4)
-            TASK(4, group);
-        else if (nc == 8)
-            TASK(8, group);
-        else
-            TASK(nc, group);
+        if (kv == E4M3) {
+            TASKS(E4M3)
+        } else if (kv == E5M2) {
+            TASKS(E5M2)
+        } else if (bf16) {
+            TASKS(BF16)
+        } else {
+            TASKS(F32)
+        }
+#undef TASKS
 #undef TASK
     }
     if (scratch) {
@@ -436,35 +492,51 @@ static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size
 }
 
 /* Writes token i's keys and values (rows of `key`/`value`, [n, num_kv_heads, head_size] with row
- * strides) into cache slot slots[i]: block slots[i] / block_size, offset slots[i] % block_size. */
+ * strides, of the activations' type) into cache slot slots[i]: block slots[i] / block_size, offset
+ * slots[i] % block_size. A cache of another type (`kv`: fp8) stores each element / its scale. */
 static void write_kv(const char *key, int64_t key_stride, const char *value, int64_t value_stride,
                      char *k_cache, char *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads,
-                     int64_t block_size, int64_t head_size, int64_t elem) {
+                     int64_t block_size, int64_t head_size, int bf16, int kv, float k_scale, float v_scale) {
+    const int64_t elem = bf16 ? 2 : 4, kv_elem = ELEM_SIZE(kv);
     const size_t row = (size_t)(head_size * elem);
 #pragma omp parallel for if (n * num_kv_heads * head_size > 1 << 16)
     for (int64_t i = 0; i < n; i++) {
         const int64_t block = slots[i] / block_size, offset = slots[i] % block_size;
         for (int64_t h = 0; h < num_kv_heads; h++) {
-            const int64_t dst = ((block * num_kv_heads + h) * block_size + offset) * head_size * elem;
-            memcpy(k_cache + dst, key + (i * key_stride + h * head_size) * elem, row);
-            memcpy(v_cache + dst, value + (i * value_stride + h * head_size) * elem, row);
+            const int64_t dst = ((block * num_kv_heads + h) * block_size + offset) * head_size * kv_elem;
+            const char *k_row = key + (i * key_stride + h * head_size) * elem;
+            const char *v_row = value + (i * value_stride + h * head_size) * elem;
+            if (kv == E4M3 || kv == E5M2) {
+                for (int64_t d = 0; d < head_size; d++) {
+                    const float x = bf16 ? bf16_to_float(((const uint16_t *)k_row)[d]) : ((const float *)k_row)[d];
+                    const float y = bf16 ? bf16_to_float(((const uint16_t *)v_row)[d]) : ((const float *)v_row)[d];
+                    ((uint8_t *)k_cache)[dst + d] = float_to_fp8(x / k_scale, kv);
+                    ((uint8_t *)v_cache)[dst + d] = float_to_fp8(y / v_scale, kv);
+                }
+            } else {
+                memcpy(k_cache + dst, k_row, row);
+                memcpy(v_cache + dst, v_row, row);
+            }
         }
     }
 }
 
-void write_kv_f32(const void *key, int64_t key_stride, const void *value, int64_t value_stride, void *k_cache,
-                  void *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads, int64_t block_size,
-                  int64_t head_size) {
-    write_kv(key, key_stride, value, value_stride, k_cache, v_cache, slots, n, num_kv_heads, block_size,
-             head_size, 4);
-}
+/* The cache type the exported functions take (`LayerArgs.cache_type`, `write_kv_*`'s `kv`) must be
+ * the activations' own or fp8; `kv_scales` is the layer's [k_scale, v_scale] (NULL: 1). */
+INLINE int cache_type_ok(int bf16, int64_t kv) { return kv == (bf16 ? BF16 : F32) || kv == E4M3 || kv == E5M2; }
 
-void write_kv_bf16(const void *key, int64_t key_stride, const void *value, int64_t value_stride, void *k_cache,
-                   void *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads, int64_t block_size,
-                   int64_t head_size) {
-    write_kv(key, key_stride, value, value_stride, k_cache, v_cache, slots, n, num_kv_heads, block_size,
-             head_size, 2);
-}
+#define EXPORT_WRITE(NAME, BF16)                                                                              \
+    int NAME(const void *key, int64_t key_stride, const void *value, int64_t value_stride, void *k_cache,     \
+             void *v_cache, const int64_t *slots, int64_t n, int64_t num_kv_heads, int64_t block_size,        \
+             int64_t head_size, int64_t kv, const float *kv_scales) {                                        \
+        if (!cache_type_ok(BF16, kv)) return -1;                                                              \
+        write_kv(key, key_stride, value, value_stride, k_cache, v_cache, slots, n, num_kv_heads, block_size,  \
+                 head_size, BF16, (int)kv, kv_scales ? kv_scales[0] : 1.0f, kv_scales ? kv_scales[1] : 1.0f); \
+        return 0;                                                                                             \
+    }
+
+EXPORT_WRITE(write_kv_f32, 0)
+EXPORT_WRITE(write_kv_bf16, 1)
 
 /* What a decode call needs from the step (the same for every layer), and from the layer's head
  * layout (the same for every layer of that layout): built once by the caller, passed by pointer, so
@@ -483,31 +555,35 @@ typedef struct {
     int64_t v_offset; /* elements from the key half of a layer's cache to its value half */
     float scale;
     int64_t window;
-    float soft_cap; /* logits soft cap (Gemma-2), 0: none */
+    float soft_cap;     /* logits soft cap (Gemma-2), 0: none */
+    int64_t cache_type; /* F32, BF16, E4M3 or E5M2 */
 } LayerArgs;
 
 /* One layer's decode attention: stores the step's new keys and values (if num_slots), then attends
- * each decode request's query row. The cache is [2, num_blocks, num_kv_heads, block_size, head]. */
+ * each decode request's query row. The cache is [2, num_blocks, num_kv_heads, block_size, head] of
+ * l->cache_type; `kv_scales` its [k_scale, v_scale] (NULL: 1). */
 static int attend_layer(const void *q, int64_t q_stride, const void *key, int64_t key_stride, const void *value,
-                        int64_t value_stride, void *cache, void *out, int64_t out_stride, const StepArgs *s,
-                        const LayerArgs *l, int bf16) {
-    const int64_t elem = bf16 ? 2 : 4;
-    char *k_cache = cache, *v_cache = (char *)cache + l->v_offset * elem;
+                        int64_t value_stride, void *cache, const float *kv_scales, void *out, int64_t out_stride,
+                        const StepArgs *s, const LayerArgs *l, int bf16) {
+    if (!cache_type_ok(bf16, l->cache_type)) return -1;
+    const int kv = (int)l->cache_type;
+    const float k_scale = kv_scales ? kv_scales[0] : 1.0f, v_scale = kv_scales ? kv_scales[1] : 1.0f;
+    char *k_cache = cache, *v_cache = (char *)cache + l->v_offset * ELEM_SIZE(kv);
     if (s->num_slots)
         write_kv(key, key_stride, value, value_stride, k_cache, v_cache, s->slots, s->num_slots, l->num_kv_heads,
-                 l->block_size, l->head_size, elem);
+                 l->block_size, l->head_size, bf16, kv, k_scale, v_scale);
     const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows, s->seq_lens,
                           q_stride, out_stride, s->table_stride, l->num_kv_heads, l->num_heads / l->num_kv_heads,
-                          l->block_size, l->window, l->scale, l->soft_cap};
-    return paged_decode(&a, s->num_reqs, l->head_size, bf16);
+                          l->block_size, l->window, l->scale, l->soft_cap, k_scale, v_scale};
+    return paged_decode(&a, s->num_reqs, l->head_size, bf16, kv);
 }
 
 #define EXPORT(NAME, BF16)                                                                            \
     int NAME(const void *q, int64_t q_stride, const void *key, int64_t key_stride, const void *value, \
-             int64_t value_stride, void *cache, void *out, int64_t out_stride, const StepArgs *s,     \
-             const LayerArgs *l) {                                                                    \
-        return attend_layer(q, q_stride, key, key_stride, value, value_stride, cache, out, out_stride, s, l,  \
-                            BF16);                                                                     \
+             int64_t value_stride, void *cache, const float *kv_scales, void *out, int64_t out_stride,  \
+             const StepArgs *s, const LayerArgs *l) {                                                 \
+        return attend_layer(q, q_stride, key, key_stride, value, value_stride, cache, kv_scales, out,  \
+                            out_stride, s, l, BF16);                                                  \
     }
 
 EXPORT(decode_layer_f32, 0)

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from pagedllm import envs
+from pagedllm.attention import fp8_kv
 from pagedllm.config.utils import cache_root
 from pagedllm.platforms.cpu import CpuPlatform
 
@@ -45,7 +46,9 @@ _FLAG_SETS = (
     [*_MATH, "-fopenmp"],
     _MATH,
 )
+# Kernels by the activations' dtype; the cache holds that dtype or fp8 (`_CACHE_TYPES`, cpu_decode.c's enum).
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_CACHE_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
 class StepArgs(ctypes.Structure):
@@ -75,6 +78,7 @@ class LayerArgs(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("window", ctypes.c_int64),
         ("soft_cap", ctypes.c_float),
+        ("cache_type", ctypes.c_int64),
     ]
 
 
@@ -86,6 +90,7 @@ _DECODE_ARGTYPES = [
     ctypes.c_void_p,  # value
     ctypes.c_int64,  # value row stride
     ctypes.c_void_p,  # the layer's cache
+    ctypes.c_void_p,  # its float32 [k_scale, v_scale] (NULL: 1)
     ctypes.c_void_p,  # out
     ctypes.c_int64,  # out row stride
     ctypes.POINTER(StepArgs),
@@ -103,6 +108,8 @@ _WRITE_ARGTYPES = [
     ctypes.c_int64,  # kv heads
     ctypes.c_int64,  # block size
     ctypes.c_int64,  # head size
+    ctypes.c_int64,  # cache type
+    ctypes.c_void_p,  # float32 [k_scale, v_scale] (NULL: 1)
 ]
 _PREFILL_ARGTYPES = [
     ctypes.c_void_p,  # q
@@ -188,7 +195,7 @@ def kernel() -> ctypes.CDLL | None:
         getattr(lib, f"decode_layer_{suffix}").argtypes = _DECODE_ARGTYPES
         getattr(lib, f"decode_layer_{suffix}").restype = ctypes.c_int
         getattr(lib, f"write_kv_{suffix}").argtypes = _WRITE_ARGTYPES
-        getattr(lib, f"write_kv_{suffix}").restype = None
+        getattr(lib, f"write_kv_{suffix}").restype = ctypes.c_int
     lib.prefill_layer_bf16.argtypes = _PREFILL_ARGTYPES
     lib.prefill_layer_bf16.restype = ctypes.c_int
     lib.prefill_supported.restype = ctypes.c_int
@@ -197,13 +204,14 @@ def kernel() -> ctypes.CDLL | None:
 
 def supports(dtype: torch.dtype, kv_cache: torch.Tensor, num_heads: int, num_kv_heads: int) -> bool:
     """Whether the kernels can serve a layer of this head layout whose activations are `dtype` and
-    whose cache is `kv_cache`: a contiguous CPU cache of the activations' dtype, one the kernels
-    take. (Query, key and value rows must hold their heads contiguously: the attention layer's views
-    of the fused projection do.)"""
+    whose cache is `kv_cache`: a contiguous CPU cache of the activations' dtype or of fp8 (e4m3 or
+    e5m2), one the kernels take. (Query, key and value rows must hold their heads contiguously: the
+    attention layer's views of the fused projection do.) The prompt kernel serves fewer
+    (`DecodeLayout.prefill_fn`)."""
     _, _, _, _, head_size = kv_cache.shape
     return (
         kv_cache.device.type == "cpu"
-        and kv_cache.dtype == dtype
+        and (kv_cache.dtype == dtype or fp8_kv.is_fp8(kv_cache.dtype))
         and dtype in _SUFFIXES
         and kv_cache.is_contiguous()
         and num_heads // num_kv_heads <= MAX_GROUP
@@ -252,21 +260,36 @@ class DecodeStep:
 
 
 class DecodeLayout:
-    """A head layout's constants as the kernel takes them (with the sliding window and the logits
-    soft cap, 0 for none), and the kernel of its cache's dtype; the same for every layer with that
-    layout and cache shape (check `supports` first)."""
+    """A head layout's constants as the kernel takes them (with the sliding window, the logits soft
+    cap, 0 for none, and the cache's element type), and the kernel of its activations' `dtype`
+    (the cache's unless given: an fp8 cache serves float32 or bfloat16 activations); the same for
+    every layer with that layout and cache shape (check `supports` first)."""
 
     def __init__(
-        self, num_heads: int, kv_cache: torch.Tensor, scale: float, window: int, soft_cap: float = 0.0
+        self,
+        num_heads: int,
+        kv_cache: torch.Tensor,
+        scale: float,
+        window: int,
+        soft_cap: float = 0.0,
+        dtype: torch.dtype | None = None,
     ) -> None:
         _, _, num_kv_heads, block_size, head_size = kv_cache.shape
-        self.dtype = kv_cache.dtype
+        self.dtype = dtype or kv_cache.dtype
         self.args = LayerArgs(
-            num_heads, num_kv_heads, head_size, block_size, kv_cache.stride(0), scale, window, soft_cap
+            num_heads,
+            num_kv_heads,
+            head_size,
+            block_size,
+            kv_cache.stride(0),
+            scale,
+            window,
+            soft_cap,
+            _CACHE_TYPES[kv_cache.dtype],
         )
         self.pointer = ctypes.pointer(self.args)
         lib = kernel()
-        self.fn = getattr(lib, f"decode_layer_{_SUFFIXES[kv_cache.dtype]}")
+        self.fn = getattr(lib, f"decode_layer_{_SUFFIXES[self.dtype]}")
         # The prompt kernel: bfloat16 on an AVX512-BF16 CPU, head pairs in whole vectors, 16-key
         # chunks within a block, a group's heads within one tile (cpu_prefill.c).
         serves_prompts = (
@@ -284,13 +307,16 @@ def decode_layer(
     key: torch.Tensor,
     value: torch.Tensor,
     kv_cache: torch.Tensor,
+    kv_scales: torch.Tensor | None,
     out: torch.Tensor,
     step: DecodeStep,
     layout: DecodeLayout,
 ) -> None:
     """One layer's decode attention: stores the step's new `key`/`value` rows at its slots (if the
     step has them), then writes `out[q_rows[i]]`, the attention of `query[q_rows[i]]` [heads,
-    head_size] over the first `seq_lens[i]` keys (the last `window`, if > 0) of decode row i."""
+    head_size] over the first `seq_lens[i]` keys (the last `window`, if > 0) of decode row i. An fp8
+    cache's elements are stored as x / scale and read as fp8 * scale, with `kv_scales` the layer's
+    contiguous float32 [k_scale, v_scale] (None: 1)."""
     status = layout.fn(
         query.data_ptr(),
         query.stride(0),
@@ -299,6 +325,7 @@ def decode_layer(
         value.data_ptr(),
         value.stride(0),
         kv_cache.data_ptr(),
+        _scales_pointer(kv_scales),
         out.data_ptr(),
         out.stride(0),
         step.pointer,
@@ -344,11 +371,26 @@ def prefill_layer(
         raise RuntimeError("native prompt-attention kernel rejected its shapes")
 
 
-def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+def _scales_pointer(kv_scales: torch.Tensor | None) -> int | None:
+    if kv_scales is None:
+        return None
+    if kv_scales.dtype != torch.float32 or not kv_scales.is_contiguous() or kv_scales.numel() != 2:
+        raise ValueError("kv_scales must be a contiguous float32 [k_scale, v_scale]")
+    return kv_scales.data_ptr()
+
+
+def write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slots: torch.Tensor,
+    kv_scales: torch.Tensor | None = None,
+) -> None:
     """Stores token i's `key[i]`/`value[i]` ([num_kv_heads, head_size]) at cache slot `slots[i]`
-    (int64, contiguous); check `supports` first."""
+    (int64, contiguous); an fp8 cache stores them divided by `kv_scales` (as `decode_layer`);
+    check `supports` first."""
     _, _, num_kv_heads, block_size, head_size = kv_cache.shape
-    getattr(kernel(), f"write_kv_{_SUFFIXES[key.dtype]}")(
+    status = getattr(kernel(), f"write_kv_{_SUFFIXES[key.dtype]}")(
         key.data_ptr(),
         key.stride(0),
         value.data_ptr(),
@@ -360,4 +402,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slo
         num_kv_heads,
         block_size,
         head_size,
+        _CACHE_TYPES[kv_cache.dtype],
+        _scales_pointer(kv_scales),
     )
+    if status != 0:
+        raise RuntimeError(f"native KV write cannot store {key.dtype} rows in a {kv_cache.dtype} cache")

@@ -189,7 +189,7 @@ int prefill_layer_bf16(const void *q, int64_t q_stride, void *cache, void *out, 
                        const int32_t *tables, int64_t table_stride, const int64_t *segs, int64_t num_segs,
                        const LayerArgs *l) {
     const int64_t D = l->head_size, group = l->num_heads / l->num_kv_heads;
-    if (D % 32 || D > MAX_HEAD || group > TILE_M || l->block_size % LANES) return -1;
+    if (D % 32 || D > MAX_HEAD || group > TILE_M || l->block_size % LANES || l->cache_type != BF16) return -1;
     const PrefillArgs a = {q, cache, (const uint16_t *)cache + l->v_offset, out, tables, segs, q_stride,
                            out_stride, table_stride, l->num_kv_heads, group, l->block_size, l->window,
                            l->scale, l->soft_cap};

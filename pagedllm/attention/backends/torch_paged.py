@@ -6,8 +6,10 @@ work is linear in the keys each query attends to. The builder (`torch_paged_meta
 step into decode rows (every token of a request with at most `MAX_DECODE_QUERY_LEN` new tokens, each
 with its own length) and prompt segments, and plans both once per step. The paths:
 
-* Decode rows on CPU, in float32 or bfloat16: the native kernel of `cpu_decode`, which reads each
-  request's blocks where they lie (no gathered copy), one call for all rows.
+* Decode rows on CPU, in float32 or bfloat16 over a cache of that dtype or of fp8: the native kernel
+  of `cpu_decode`, which reads each request's blocks where they lie (no gathered copy), one call for
+  all rows. The other paths read an fp8 cache (`fp8_kv`) dequantized to the activations' dtype; a
+  fresh prompt attends its own new keys and values as computed, before they are rounded to fp8.
 * Decode rows elsewhere (CUDA, float16, no C compiler), all at once: "block-wise flash decoding".
   Every (row, cache block) pair becomes one batch entry: the blocks are gathered from the paged cache
   with one `index_select`, scores are a batched matmul `[B, kv_heads, group, head] x [B, kv_heads,
@@ -40,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pagedllm.attention import fp8_kv
 from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionMetadata
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.attention.backends.torch_paged_metadata import (
@@ -69,6 +72,7 @@ def dense_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    kv_scales: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
@@ -78,10 +82,10 @@ def dense_decode(
     """Decode attention of `q` [R, Hkv, G, D] over each row's blocks (`block_tables` [R, MB] into
     head-major caches [NB, Hkv, bs, D]) written as plain tensor ops, for Inductor to fuse the block
     gathers into its loads: no gathered copy of the keys or values is ever materialized. `window`
-    and `soft_cap` are 0 for none."""
+    and `soft_cap` are 0 for none; the elements read as `cache * kv_scales[i]` (1.0 but in fp8)."""
     num_blocks = block_tables.shape[1]
     block_size = k_cache.shape[2]
-    k = k_cache[block_tables].float()  # [R, MB, Hkv, bs, D]
+    k = k_cache[block_tables].float() * kv_scales[0]  # [R, MB, Hkv, bs, D]
     scores = (q.float()[:, None, :, :, None, :] * k[:, :, :, None, :, :]).sum(-1) * scale  # [R,MB,Hkv,G,bs]
     if soft_cap > 0:
         scores = torch.tanh(scores / soft_cap) * soft_cap
@@ -92,7 +96,7 @@ def dense_decode(
     scores = scores.masked_fill(~valid[:, :, None, None, :], float("-inf"))
     probs = torch.exp(scores - scores.amax(dim=(1, 4), keepdim=True))
     # Masked slots are zeroed, not just weighted 0: a never-written slot may hold NaN (0 * NaN = NaN).
-    v = v_cache[block_tables].float().masked_fill(~valid[:, :, None, :, None], 0.0)  # [R, MB, Hkv, bs, D]
+    v = (v_cache[block_tables].float() * kv_scales[1]).masked_fill(~valid[:, :, None, :, None], 0.0)
     out = (probs[..., None] * v[:, :, :, None, :, :]).sum(dim=(1, 4))  # [R, Hkv, G, D]
     return (out / probs.sum(dim=(1, 4))[..., None]).to(q.dtype)
 
@@ -109,7 +113,7 @@ def _compiled_dense_decode(kind: tuple[Any, ...]) -> Callable[..., torch.Tensor]
 
 
 def _run_compiled_dense(kind: tuple[Any, ...], *args: Any) -> torch.Tensor:
-    q, k_cache, v_cache, block_tables, seq_lens = args[:5]
+    q, k_cache, v_cache, _, block_tables, seq_lens = args[:6]
     # Rows, cache blocks and table width vary per step: one graph serves them all. Sizes of 1
     # (a single row, a single block) are specialized by Dynamo into graphs of their own.
     for t, dims in ((q, (0,)), (k_cache, (0,)), (v_cache, (0,)), (block_tables, (0, 1)), (seq_lens, (0,))):
@@ -140,6 +144,7 @@ class TorchPagedAttentionImpl(AttentionImpl):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata | None,
+        kv_scales: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if attn_metadata is None:
             return self._prefill(query, key.transpose(0, 1), value.transpose(0, 1), 0).transpose(0, 1)
@@ -152,6 +157,11 @@ class TorchPagedAttentionImpl(AttentionImpl):
             )
         layout, plan = entry
         n = md.num_actual_tokens
+        fp8 = fp8_kv.is_fp8(kv_cache.dtype)
+        if kv_scales is None:
+            kv_scales = torch.ones(2, device=kv_cache.device)
+        if fp8 and md.calculate_kv_scales:
+            kv_scales.copy_(fp8_kv.scales_from(key[:n], value[:n], kv_cache.dtype))
         out = torch.zeros_like(query) if query.shape[0] > n else torch.empty_like(query)
 
         # Write first, so decode rows and cached-prefix chunks read this step's keys too (in a step
@@ -163,15 +173,16 @@ class TorchPagedAttentionImpl(AttentionImpl):
                     f"{query.dtype} activations over a {layout.dtype} cache reached the native kernel"
                 )
             if not (isinstance(plan.decode, NativeDecodePlan) and plan.decode.step.stores_kv):
-                cpu_decode.write_kv(key[:n], value[:n], kv_cache, md.slot_mapping[:n])
+                cpu_decode.write_kv(key[:n], value[:n], kv_cache, md.slot_mapping[:n], kv_scales)
             if layout.prefill_fn and plan.native_prefill:
                 cpu_decode.prefill_layer(query, kv_cache, out, plan.native_prefill, layout)
                 prefills = []
         else:
             assert plan.slot_block is not None and plan.slot_offset is not None
             # `[num_blocks, block_size, kv_heads, head]` views of the head-major blocks.
-            kv_cache[0].transpose(1, 2)[plan.slot_block, plan.slot_offset] = key[:n].to(kv_cache.dtype)
-            kv_cache[1].transpose(1, 2)[plan.slot_block, plan.slot_offset] = value[:n].to(kv_cache.dtype)
+            for i, new in enumerate((key[:n], value[:n])):
+                stored = fp8_kv.quantize(new, kv_scales[i], kv_cache.dtype) if fp8 else new.to(kv_cache.dtype)
+                kv_cache[i].transpose(1, 2)[plan.slot_block, plan.slot_offset] = stored
 
         block_size = kv_cache.shape[3]
         for seg in prefills:
@@ -181,10 +192,15 @@ class TorchPagedAttentionImpl(AttentionImpl):
             else:
                 nb = (seg.seq_len + block_size - 1) // block_size
                 blocks = md.block_tables[seg.req, :nb].long()
-                k, v = (self._gather_sequence(kv_cache[i], blocks, seg.seq_len) for i in (0, 1))
+                k, v = (
+                    fp8_kv.dequantize(
+                        self._gather_sequence(kv_cache[i], blocks, seg.seq_len), kv_scales[i], q.dtype
+                    )
+                    for i in (0, 1)
+                )
             out[seg.start : seg.end] = self._prefill(q, k, v, seg.num_computed).transpose(0, 1)
         if plan.decode is not None:
-            self._decode(query, key, value, kv_cache, plan.decode, layout, out)
+            self._decode(query, key, value, kv_cache, kv_scales, plan.decode, layout, out)
         return out
 
     def native_layout(
@@ -253,13 +269,14 @@ class TorchPagedAttentionImpl(AttentionImpl):
         key: torch.Tensor,
         value: torch.Tensor,
         kv_cache: torch.Tensor,
+        kv_scales: torch.Tensor,
         p: BlockwiseDecodePlan | DenseDecodePlan | NativeDecodePlan,
         layout: cpu_decode.DecodeLayout | None,
         out: torch.Tensor,
     ) -> None:
         if isinstance(p, NativeDecodePlan):
             assert layout is not None
-            cpu_decode.decode_layer(query, key, value, kv_cache, out, p.step, layout)
+            cpu_decode.decode_layer(query, key, value, kv_cache, kv_scales, out, p.step, layout)
             return
         group = self.num_heads // self.num_kv_heads
         q = query[: p.num_rows] if p.rows is None else query.index_select(0, p.rows)
@@ -268,16 +285,27 @@ class TorchPagedAttentionImpl(AttentionImpl):
             window, cap = self.params.sliding_window, self.params.logits_soft_cap
             kind = (self.params, kv_cache.dtype, kv_cache.shape[3])
             o = _run_compiled_dense(
-                kind, q, kv_cache[0], kv_cache[1], p.block_tables, p.seq_lens, self.scale, window, cap
+                kind,
+                q,
+                kv_cache[0],
+                kv_cache[1],
+                kv_scales,
+                p.block_tables,
+                p.seq_lens,
+                self.scale,
+                window,
+                cap,
             )
             self._store_decode(o.reshape(p.num_rows, self.num_heads, self.head_size), p.rows, out)
             return
         q = (q * self.scale).view(p.num_rows, self.num_kv_heads, group, self.head_size)
-        qb = _gather_rows(q.contiguous(), p.row_of_block).to(kv_cache.dtype)  # [B, Hkv, G, D]
+        # fp8 blocks are computed in the activations' dtype (no fp8 matrix products on CPU).
+        dtype = query.dtype if fp8_kv.is_fp8(kv_cache.dtype) else kv_cache.dtype
+        qb = _gather_rows(q.contiguous(), p.row_of_block).to(dtype)  # [B, Hkv, G, D]
         # Head-major blocks: both products below are plain batched GEMMs on the gathered blocks
         # (the key transpose is a BLAS flag), with no layout copies.
-        kb = _gather_rows(kv_cache[0], p.block_ids)  # [B, Hkv, bs, D]
-        vb = _gather_rows(kv_cache[1], p.block_ids)
+        kb = fp8_kv.dequantize(_gather_rows(kv_cache[0], p.block_ids), kv_scales[0], dtype)  # [B, Hkv, bs, D]
+        vb = fp8_kv.dequantize(_gather_rows(kv_cache[1], p.block_ids), kv_scales[1], dtype)
         vb.index_copy_(0, p.tail, _gather_rows(vb, p.tail).masked_fill_(~p.tail_valid[:, None, :, None], 0))
         scores = torch.matmul(qb, kb.transpose(-1, -2)).float()  # [B, Hkv, G, bs]
         if self.logits_soft_cap is not None:

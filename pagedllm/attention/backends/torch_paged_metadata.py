@@ -129,7 +129,7 @@ def native_layout_for(
     if not cpu_decode.supports(dtype, kv_cache, impl.num_heads, impl.num_kv_heads):
         return None
     return cpu_decode.DecodeLayout(
-        impl.num_heads, kv_cache, impl.scale, impl.sliding_window or 0, impl.logits_soft_cap or 0.0
+        impl.num_heads, kv_cache, impl.scale, impl.sliding_window or 0, impl.logits_soft_cap or 0.0, dtype
     )
 
 

@@ -188,9 +188,10 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *token, const int64_t 
             head_norms(qkv + q_size * elem, m->num_kv_heads, D, layer->k_norm, m->eps, bf16);
         }
         rotate(qkv, m->num_heads + m->num_kv_heads, D, rotation, bf16);
-        /* q, k and v are the three parts of the one fused qkv row. */
+        /* q, k and v are the three parts of the one fused qkv row. The caches hold the weights'
+         * type (llama_decode.py binds no fp8 cache, whose per-layer scales this table lacks). */
         const int status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
-                                        qkv_size, layer->kv_cache, attn_out, q_size, step, attn, bf16);
+                                        qkv_size, layer->kv_cache, NULL, attn_out, q_size, step, attn, bf16);
         if (status) return status;
         matvec(layer->o, layer->o_bias, attn_out, h, H, q_size, bf16);
         add_rms_norm(residual, h, layer->post_norm, x, H, m->eps, 1, bf16);

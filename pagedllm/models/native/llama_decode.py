@@ -13,7 +13,8 @@ Accepted: the Llama model's layers (Llama, SmolLM2, Mistral with or without a sl
 with its q/k/v biases, Qwen3 with its per-head q/k norms) whose projections are plain dense products
 (their linear method exposes a `dense_weight`: not quantized; LoRA-wrapped projections expose their
 base weight, and a step where any token runs an adapter goes to the graphs) on one tensor-parallel
-rank, float32 weights on an AVX-512 CPU or bfloat16 weights on one with AVX512-BF16, and an attention
+rank, float32 weights on an AVX-512 CPU or bfloat16 weights on one with AVX512-BF16, a KV cache of the
+weights' dtype (an fp8 cache's per-layer scales are not in the C layer table), and an attention
 shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
 """
 

@@ -1,0 +1,40 @@
+"""Test helper: the embedded SmolLM2 model's perplexity on a fixed English text (2,104 tokens,
+data/perplexity_text.txt, written for these tests), for comparisons of execution paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from attention.paged_batch import PagedBatch
+
+from pagedllm.config.gguf_metadata import hf_config_from_gguf, read_gguf_header
+from pagedllm.config.quantization import GGUFQuantizationConfig
+from pagedllm.models import load_model
+
+
+def smollm2_perplexity(
+    gguf_path: Path,
+    quant_config: GGUFQuantizationConfig | None,
+    step: int,
+    cache_dtype: torch.dtype | None = None,
+) -> float:
+    """The embedded SmolLM2 model's perplexity on a fixed English text (2,104 tokens, written for
+    these tests), fed in steps of `step` tokens through a paged cache of `cache_dtype` (default:
+    the model's dtype)."""
+    from transformers import AutoTokenizer
+
+    config = hf_config_from_gguf(read_gguf_header(gguf_path))
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    text = (Path(__file__).parent / "data" / "perplexity_text.txt").read_text()
+    ids = tokenizer.encode(text)
+    assert len(ids) >= 2000
+    model = load_model(config, gguf_path.parent, gguf_file=gguf_path.name, quant_config=quant_config)
+    batch = PagedBatch.for_model(model, num_blocks=len(ids) // 16 + 2, cache_dtype=cache_dtype)
+    logprobs = []
+    for start in range(0, len(ids) - 1, step):
+        chunk = ids[start : min(start + step, len(ids) - 1)]
+        (logits,) = batch.run(model, [("r", chunk)])
+        targets = torch.tensor(ids[start + 1 : start + 1 + len(chunk)])
+        logprobs.append(torch.log_softmax(logits.float(), -1).gather(1, targets[:, None]))
+    return float(torch.exp(-torch.cat(logprobs).mean()))
