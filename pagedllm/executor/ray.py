@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from pagedllm import envs
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
 from pagedllm.executor.multiproc import WorkerDiedError, free_tcp_port
@@ -36,10 +38,18 @@ class RayWorker:
         """This node's IP address and a free port on it (rank 0's is where the ranks meet)."""
         return socket.gethostbyname(socket.gethostname()), free_tcp_port()
 
-    def start(self, engine_config: Any, rank: int, init_method: str) -> None:
+    def start(
+        self, engine_config: Any, rank: int, init_method: str, ranks_on_machine: int, omp_threads: int | None
+    ) -> None:
+        """`omp_threads`: the driver's OMP_NUM_THREADS (the user's choice) or None; without it a CPU rank
+        takes its share of this machine's cores, as the other executors' ranks do."""
+        from pagedllm.platforms import current_platform
         from pagedllm.worker.worker import Worker
 
-        self.worker = Worker(engine_config, rank=rank, local_rank=0, distributed_init_method=init_method)
+        threads = omp_threads or max(1, current_platform.get_cpu_count() // ranks_on_machine)
+        self.worker = Worker(
+            engine_config, rank=rank, local_rank=0, distributed_init_method=init_method, cpu_threads=threads
+        )
         self.worker.init_device()
         self.worker.load_model()
 
@@ -78,9 +88,19 @@ class RayExecutor(Executor):
                 ).remote()
                 for i in range(self.world_size)
             ]
-            host, port = ray.get(self.actors[0].node_address.remote())
+            addresses = ray.get([a.node_address.remote() for a in self.actors])
+            host, port = addresses[0]
             init_method = f"tcp://{host}:{port}"
-            self._wait([a.start.remote(self.engine_config, rank, init_method) for rank, a in enumerate(self.actors)])
+            # Ranks on one machine (one IP: also the nodes of a local test cluster) share its cores.
+            per_machine = Counter(ip for ip, _ in addresses)
+            omp = envs.OMP_NUM_THREADS
+            omp_threads = int(omp) if omp else None
+            self._wait(
+                [
+                    a.start.remote(self.engine_config, rank, init_method, per_machine[addresses[rank][0]], omp_threads)
+                    for rank, a in enumerate(self.actors)
+                ]
+            )
         except BaseException:
             self.shutdown()
             raise

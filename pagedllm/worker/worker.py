@@ -33,13 +33,16 @@ class Worker:
         rank: int = 0,
         local_rank: int = 0,
         distributed_init_method: str | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
         """`distributed_init_method` (a `tcp://host:port` URL): where the ranks of a multi-worker
-        executor meet to form their process groups; None for the one-worker executor."""
+        executor meet to form their process groups; None for the one-worker executor. `cpu_threads`:
+        torch's thread count on a CPU, when the executor decided it (see `init_device`)."""
         self.engine_config = engine_config
         self.rank = rank
         self.local_rank = local_rank
         self.distributed_init_method = distributed_init_method
+        self.cpu_threads = cpu_threads
         self.model_runner: ModelRunner | None = None
         self._sleep: WorkerSleep | None = None
         self._weight_updater: WeightUpdater | None = None
@@ -61,7 +64,11 @@ class Worker:
         if device.type == "cuda":
             torch.cuda.set_device(device if device.index is not None else self.local_rank)
         elif current_platform.is_cpu():
-            if not envs.is_set("OMP_NUM_THREADS"):
+            if self.cpu_threads is not None:
+                # The Ray executor's choice: Ray sets OMP_NUM_THREADS in its actors (to their one
+                # logical CPU), so the actor's environment does not say what the user asked for.
+                torch.set_num_threads(self.cpu_threads)
+            elif not envs.is_set("OMP_NUM_THREADS"):
                 # torch defaults to the physical core count of the whole machine, which oversubscribes
                 # a container or a process pinned to fewer cores; an explicit OMP_NUM_THREADS wins.
                 # Ranks started on this machine by one executor share its cores.

@@ -4,6 +4,7 @@ actor fails the engine within 5 s naming its rank, and shutdown leaves no actor 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch  # noqa: E402
 from test_parallel import CONCURRENT_PROMPTS, _assert_same, _generate, _llm, _one_rank  # noqa: E402
 
 from pagedllm import SamplingParams  # noqa: E402
+from pagedllm.platforms import current_platform  # noqa: E402
 
 ray = pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -33,6 +36,14 @@ def test_tp2_across_two_nodes(tmp_path: Path) -> None:
     cluster.add_node(**node)
     try:
         ray.init(address=cluster.address, log_to_driver=False)
+        one = _llm(model_dir, distributed_executor_backend="ray")
+        try:
+            # Ray sets OMP_NUM_THREADS=1 in its actors: a rank alone on its machine still uses every core
+            # (or the driver's OMP_NUM_THREADS, the user's choice).
+            want_threads = int(os.environ.get("OMP_NUM_THREADS") or current_platform.get_cpu_count())
+            assert one.collective_rpc(lambda worker: torch.get_num_threads()) == [want_threads]
+        finally:
+            one.llm_engine.shutdown()
         chunked = {"max_num_batched_tokens": 16, "enable_chunked_prefill": True}
         pp = _llm(model_dir, pipeline_parallel_size=2, distributed_executor_backend="ray", **chunked)
         try:
