@@ -116,6 +116,7 @@ _VARS: list[EnvVar] = [
         "torch's CUDA allocator options; read to refuse expandable segments with KV connectors.",
     ),
     EnvVar("NCCL_GRAPH_REGISTER", _str, "NCCL's buffer registration in graphs; read to warn when it is on."),
+    EnvVar("CUDA_VISIBLE_DEVICES", _str, "GPUs this process may use; data parallel cores split them."),
     EnvVar("OMP_NUM_THREADS", _str, "OpenMP threads; when unset the CPU worker sets torch's thread count."),
     EnvVar(
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",

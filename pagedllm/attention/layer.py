@@ -124,7 +124,7 @@ class Attention(nn.Module):
         )
         self.kv_cache = torch.empty(0)
         # [k_scale, v_scale] of an fp8 cache (`pagedllm.attention.fp8_kv`); unused by other dtypes.
-        self.kv_scales = torch.ones(2)
+        self.kv_scales = torch.ones(2, dtype=torch.float32)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """`query` [T, num_heads * head_size], `key`/`value` [T, num_kv_heads * head_size] ->

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pagedllm import envs
 from pagedllm.engine.core_client import STARTUP_TIMEOUT_S, AsyncMPClient, EngineCoreProcess, EngineDeadError
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 
@@ -137,7 +137,7 @@ def core_environ(engine_config: EngineConfig, index: int) -> dict[str, str]:
     import torch
 
     pc = engine_config.parallel_config
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = envs.CUDA_VISIBLE_DEVICES
     devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     needed = pc.data_parallel_size * pc.world_size
     if len(devices) < needed:

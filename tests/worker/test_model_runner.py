@@ -201,11 +201,6 @@ def test_default_cpu_budget_is_capped_by_full_occupancy(model_dir: Path) -> None
     assert 0 < runner.determine_available_kv_cache_bytes() <= full
 
 
-def test_unsupported_cache_dtype(model_dir: Path) -> None:
-    with pytest.raises(ValueError, match="cache_dtype='fp8'"):
-        ModelRunner(make_config(model_dir, cache_dtype="fp8"))
-
-
 def test_repetition_penalty_reads_prompt_and_output(model_dir: Path, hf_tokens: dict[str, list[int]]) -> None:
     # The sampler's penalties see the runner's prompt and generated tokens (HF applies the same rule).
     from transformers import AutoModelForCausalLM
