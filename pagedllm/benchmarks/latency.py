@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 
 from pagedllm.benchmarks.datasets import grounded_requests, open_chat_requests, random_requests, render_chat
 from pagedllm.benchmarks.gguf_baselines import GGUF_BASELINES, dequantized_args, run_llama_cpp_latency
@@ -97,6 +98,10 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
     from pagedllm.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    # After load, before any request: the weights, the KV pool and the runtime, as the process holds
+    # them (quantized layers at their stored size). The in-process executor's worker is counted; another
+    # executor's worker processes are not.
+    rss_after_load = psutil.Process().memory_info().rss
     model_config = engine.model_config
     reqs = random_requests(
         args.batch_size,
@@ -132,6 +137,7 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         "decode_step_ms": {f"p{p}": float(np.percentile(step_ms, p)) for p in (50, 90, 99)},
         "decode_tokens_per_s": decode_tok_s,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "rss_after_load_mib": rss_after_load / 2**20,
         "weight_bytes_per_step": weight_bytes,
         "bandwidth_roofline_steps_per_s": limit,
         "fraction_of_bandwidth_roofline": (1000.0 / float(np.median(step_ms))) / limit,
@@ -146,6 +152,7 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s from {weight_bytes / 1e6:.1f} MB "
         f"a step ({report['fraction_of_bandwidth_roofline']:.1%})"
     )
+    print(f"{label} resident memory after load: {report['rss_after_load_mib']:.0f} MiB (this process)")
     engine.shutdown()
     return report, model_config, prompts
 

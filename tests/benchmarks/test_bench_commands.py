@@ -91,6 +91,8 @@ def test_latency_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
     assert report["prefill_tokens_per_s"] == pytest.approx(48 / report["prefill_s_median"])
     steps = report["decode_step_ms"]
     assert 0 < steps["p50"] <= steps["p90"] <= steps["p99"]
+    # The engine process after load holds at least the torch runtime (a few hundred MiB).
+    assert 100 < report["rss_after_load_mib"] < psutil.virtual_memory().total / 2**20
     (hf,) = report["baselines"]
     assert hf["prefill_ratio"] == pytest.approx(report["prefill_tokens_per_s"] / hf["prefill_tokens_per_s"])
     assert hf["decode_ratio"] == pytest.approx(report["decode_tokens_per_s"] / hf["decode_tokens_per_s"])
