@@ -25,6 +25,7 @@ from torch import nn
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.linear import UnquantizedLinearMethod
 from pagedllm.layers.quant.base import NativeMatvec, WeightLoader, matvec_entry, set_weight_loader
+from pagedllm.layers.quant.gguf_native import QUANT_COMMON
 from pagedllm.layers.quant.tiles import TILE_ROWS, tiled_product
 
 FP8 = torch.float8_e4m3fn
@@ -37,7 +38,12 @@ _VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The widening kernel (fp8_kernels.c), or None without a C compiler (torch's copy then widens)."""
-    lib = cpu_decode.load_native("fp8_kernels", [SOURCE], "fp8 widening kernel", "fp8 layers widen slowly")
+    lib = cpu_decode.load_native(
+        "fp8_kernels",
+        [SOURCE, QUANT_COMMON],
+        "fp8 kernels",
+        "fp8 layers widen slowly and decode through the graphs",
+    )
     if lib is not None:
         lib.fp8_widen_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
         lib.fp8_widen_rows.restype = None

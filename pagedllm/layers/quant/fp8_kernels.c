@@ -5,8 +5,8 @@
  * here). Also the native decode path's one-row product (`fp8_matvec`). Built and loaded by fp8.py
  * like the other kernels (cpu_decode.py). */
 #include <stdint.h>
+#include "quant_common.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
 #define FP8_AVX2 1
 #endif
 
@@ -32,7 +32,7 @@ typedef struct {
 /* 16 e4m3 bytes as float16 bit patterns: sign to bit 15, exponent and mantissa shifted up by 7, so
  * each float16 is the e4m3 value times 2^-8 (its exponent bias is 8 more), subnormals included; the
  * F16C conversion then widens them exactly. */
-static inline void widen16(const uint8_t *p, __m256 *lo, __m256 *hi) {
+INLINE void widen16(const uint8_t *p, __m256 *lo, __m256 *hi) {
     const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
     const __m256i h = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(0x3f80)),
                                       _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8));
@@ -57,11 +57,7 @@ int fp8_matvec(const void *desc, const float *x, float *y) {
             a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0);
             a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1);
         }
-        const __m256 s = _mm256_add_ps(a0, a1);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        sum = _mm_cvtss_f32(h) * 256.0f;
+        sum = hsum8(_mm256_add_ps(a0, a1)) * 256.0f;
 #endif
         for (; i < k; i++) sum += d->table[row[i]] * x[i];
         y[r] = sum * d->scale[r];
