@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedllm.layers.quant.base import LinearMethodBase, WeightLoader
+from pagedllm.layers.quant.base import LinearMethodBase, NativeMatvec, WeightLoader
 
 
 class LoRABatchState:
@@ -78,6 +78,10 @@ class LoRALinearMethod(LinearMethodBase):
         # The base product alone: the native decode path, which reads this, steps aside for any step
         # where an adapter is active (`LoRABatchState.active`).
         return self.base.dense_weight(layer)
+
+    def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
+        # The base product alone, as for dense_weight.
+        return self.base.native_matvec(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         y = self.base.apply(layer, x, bias)

@@ -8,7 +8,9 @@ formats (GGUF kept packed, AWQ, GPTQ, fp8) and LoRA wrappers are further methods
 
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -61,6 +63,33 @@ class LinearMethodBase(QuantizeMethodBase):
         itself (the native decode path); None when `apply` computes anything else (a method that
         overrides `apply` of one that returns a matrix must override this too)."""
         return None
+
+    def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
+        """The native matrix-vector entry of a layer whose weight is not a plain matrix (quantized),
+        for the native decode path: its float result, rounded to the activations' dtype, is what
+        `apply` computes for one row without the bias. None: no such entry (the default)."""
+        return None
+
+
+@dataclass(frozen=True)
+class NativeMatvec:
+    """A quantized layer's matrix-vector product as native code calls it (the single-sequence decode
+    path): `fn` is the address of a C function `int fn(const void *desc, const float *x, float *y)`
+    computing y [out] = W x [in] in float (0 on success) from its own kernel library, `desc` the
+    address of the descriptor of the layer's weight it reads. `keep` holds what those addresses point
+    into (the descriptor, the arrays and tensors it references): valid while this object lives and
+    the layer keeps its weights."""
+
+    fn: int
+    desc: int
+    keep: object
+
+
+def matvec_entry(lib: ctypes.CDLL, name: str, desc: ctypes.Structure, *keep: object) -> NativeMatvec:
+    """The entry `name` of the loaded kernel library `lib` called with `desc` (kept alive with `keep`)."""
+    fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    assert fn is not None
+    return NativeMatvec(fn, ctypes.addressof(desc), (desc, *keep))
 
 
 def set_weight_loader(param: nn.Parameter, weight_loader: WeightLoader) -> nn.Parameter:

@@ -9,6 +9,8 @@ different per-tensor scales share one product.
 The product (`torch.ops.pagedllm.fp8_linear`, opaque to torch.compile) widens tiles of weight rows to
 float32 (a lookup-table C kernel, fp8_kernels.c) and multiplies them with torch's GEMM (`tiles`), for
 every step size: fp8 costs a quarter of float32's bytes to keep, but each step widens it again.
+The native single-sequence decode path instead multiplies one row by the e4m3 bytes directly
+(`fp8_matvec`, declared by `native_matvec`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from torch import nn
 
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.linear import UnquantizedLinearMethod
-from pagedllm.layers.quant.base import WeightLoader, set_weight_loader
+from pagedllm.layers.quant.base import NativeMatvec, WeightLoader, matvec_entry, set_weight_loader
+from pagedllm.layers.quant.gguf_native import QUANT_COMMON
 from pagedllm.layers.quant.tiles import TILE_ROWS, tiled_product
 
 FP8 = torch.float8_e4m3fn
@@ -35,11 +38,25 @@ _VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The widening kernel (fp8_kernels.c), or None without a C compiler (torch's copy then widens)."""
-    lib = cpu_decode.load_native("fp8_kernels", [SOURCE], "fp8 widening kernel", "fp8 layers widen slowly")
+    lib = cpu_decode.load_native(
+        "fp8_kernels",
+        [SOURCE, QUANT_COMMON],
+        "fp8 kernels",
+        "fp8 layers widen slowly and decode through the graphs",
+    )
     if lib is not None:
         lib.fp8_widen_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
         lib.fp8_widen_rows.restype = None
     return lib
+
+
+class _Matvec(ctypes.Structure):
+    """`Fp8Matvec` in fp8_kernels.c."""
+
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("q", "scale", "table")),
+        *((name, ctypes.c_int64) for name in ("n", "k")),
+    ]
 
 
 def widen_rows(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
@@ -101,6 +118,16 @@ class Fp8OnlineLinearMethod(UnquantizedLinearMethod):
 
     def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
         return None
+
+    def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
+        """`fp8_matvec`: each e4m3 byte widened in registers (None without a C compiler)."""
+        lib = library()
+        if lib is None:
+            return None
+        weight, scale = layer.fp8_weight, layer.fp8_scale
+        n, k = weight.shape
+        desc = _Matvec(weight.data_ptr(), scale.data_ptr(), _VALUES.data_ptr(), n, k)
+        return matvec_entry(lib, "fp8_matvec", desc, weight, scale)
 
 
 class Fp8CheckpointLinearMethod(Fp8OnlineLinearMethod):

@@ -25,7 +25,13 @@ import torch
 from torch import nn
 
 from pagedllm.layers.quant import gguf_native
-from pagedllm.layers.quant.base import LinearMethodBase, QuantizeMethodBase, WeightLoader, set_weight_loader
+from pagedllm.layers.quant.base import (
+    LinearMethodBase,
+    NativeMatvec,
+    QuantizeMethodBase,
+    WeightLoader,
+    set_weight_loader,
+)
 
 # Rows of activations up to which the int8 kernel beats dequantized tiles + GEMM (measured with
 # SmolLM2's 3072 x 576 gate/up projection in Q4_1 on this 2-core machine, one thread: at 8 rows int8
@@ -147,6 +153,11 @@ class GGUFLinearMethod(LinearMethodBase):
         shards = [getattr(layer, f"qweight_{i}") for i in range(len(layer.gguf_types))]
         out = _product(x, shards, layer.gguf_types, layer.output_size_per_partition)
         return out if bias is None else out + bias
+
+    def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
+        """`gguf_matvec`: the one-row int8 product of every part (the native decode path's entry)."""
+        shards = [getattr(layer, f"qweight_{i}") for i in range(len(layer.gguf_types))]
+        return gguf_native.matvec_entry(shards, layer.gguf_types, layer.input_size_per_partition)
 
     def weight_bytes(self, layer: nn.Module) -> int:
         return sum(getattr(layer, f"qweight_{i}").numel() for i in range(len(layer.gguf_types)))

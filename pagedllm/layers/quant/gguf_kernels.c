@@ -419,3 +419,18 @@ int gguf_kernel_isa(void) {
     return 0;
 #endif
 }
+
+/* The native decode path's entry (llama_decode.c's MatvecFn): y = W x for one float32 row, W the
+ * layer's shards as gguf_matmul takes them (the same product the layer's one-row step computes). */
+typedef struct {
+    int64_t nshards;
+    const uint8_t *const *w;
+    const int32_t *types;
+    const int64_t *rows;
+    int64_t k;
+} GGUFMatvec;
+
+int gguf_matvec(const void *desc, const float *x, float *y) {
+    const GGUFMatvec *d = desc;
+    return gguf_matmul(d->nshards, d->w, d->types, d->rows, d->k, x, d->k, 0, 1, y, 0, 0);
+}

@@ -3,7 +3,7 @@ the system C compiler, -march=native, OpenMP, cached per source, flags and CPU),
 
 `matmul` is the product of activations with the (row-concatenated) quantized shards of a layer, int8
 dot products on quantized activations; `dequantize_rows` widens rows to float32/bfloat16 (the batched
-path's tiles and the embedding's gather). Without a compiler a GGUF model cannot run quantized:
+path's tiles and the embedding's gather); `matvec_entry` is the native decode path's one-row product. Without a compiler a GGUF model cannot run quantized:
 `library()` raises, naming the way back to the dequantized weights.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pagedllm.attention.backends import cpu_decode
+from pagedllm.layers.quant import base
 
 SOURCE = Path(__file__).with_name("gguf_kernels.c")
 # Included by the source: part of the build's cache key.
@@ -132,3 +133,26 @@ def dequantize_rows(
 def row_bytes(qtype: int, k: int) -> int:
     """Bytes of a row of `k` elements of ggml type `qtype` (0: not whole blocks, or not a type served here)."""
     return int(library().gguf_row_bytes(qtype, k))
+
+
+class _Matvec(ctypes.Structure):
+    """`GGUFMatvec` in gguf_kernels.c."""
+
+    _fields_ = [
+        ("nshards", ctypes.c_int64),
+        ("w", ctypes.c_void_p),
+        ("types", ctypes.c_void_p),
+        ("rows", ctypes.c_void_p),
+        ("k", ctypes.c_int64),
+    ]
+
+
+def matvec_entry(shards: Sequence[torch.Tensor], types: Sequence[int], k: int) -> base.NativeMatvec:
+    """The native one-row product (`gguf_matvec`) of the row-concatenation of `shards`, as `matmul`
+    computes it for one float32 row."""
+    n = len(shards)
+    addresses = (ctypes.c_void_p * n)(*(s.data_ptr() for s in shards))
+    ctypes_types = (ctypes.c_int32 * n)(*types)
+    rows = (ctypes.c_int64 * n)(*(s.shape[0] for s in shards))
+    desc = _Matvec(n, ctypes.addressof(addresses), ctypes.addressof(ctypes_types), ctypes.addressof(rows), k)
+    return base.matvec_entry(library(), "gguf_matvec", desc, addresses, ctypes_types, rows, tuple(shards))

@@ -10,7 +10,9 @@ input permutation `int4_perm` that makes groups contiguous (the activations are 
 The product (`torch.ops.pagedllm.int4_linear`, opaque to torch.compile) picks its path by the number of
 activation rows: up to `MATMUL_MAX_ROWS`, the native kernel that widens nibbles in registers (decode);
 above, tiles of weight rows dequantized to float32 and multiplied by torch's GEMM (`tiles`,
-prompts), which wins once a tile's dequantization is spread over enough rows.
+prompts), which wins once a tile's dequantization is spread over enough rows. The native
+single-sequence decode path calls the same kernel for one row (`native_matvec`: `int4_matvec`, which
+gathers the input by the act-order permutation first).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from torch import nn
 
 from pagedllm.layers.quant import int4_native
-from pagedllm.layers.quant.base import LinearMethodBase, WeightLoader, set_weight_loader
+from pagedllm.layers.quant.base import LinearMethodBase, NativeMatvec, WeightLoader, set_weight_loader
 from pagedllm.layers.quant.int4_layouts import (
     act_order_permutation,
     awq_to_int4,
@@ -172,3 +174,7 @@ class Int4LinearMethod(LinearMethodBase):
         )
         out = out.reshape(*x.shape[:-1], out.shape[-1])
         return out if bias is None else out + bias
+
+    def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
+        weight = Int4Weight(layer.int4_qweight, layer.int4_scales, layer.int4_zeros, layer.int4_group)
+        return int4_native.matvec_entry(weight, layer.int4_perm)

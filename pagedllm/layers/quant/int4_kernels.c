@@ -180,3 +180,27 @@ int int4_kernel_isa(void) {
     return 0;
 #endif
 }
+
+/* The native decode path's entry (llama_decode.c's MatvecFn): y = W x for one float32 row, the input
+ * first gathered by the act-order permutation `perm` (int64 [k], NULL: none) as int4.py gathers it. */
+typedef struct {
+    const uint8_t *q;
+    const uint16_t *s;
+    const uint8_t *z;
+    int64_t n, k, group;
+    const int64_t *perm;
+} Int4Matvec;
+
+int int4_matvec(const void *desc, const float *x, float *y) {
+    const Int4Matvec *d = desc;
+    float *gathered = NULL;
+    if (d->perm) {
+        gathered = malloc(d->k * sizeof(float));
+        if (!gathered) return -2;
+        for (int64_t i = 0; i < d->k; i++) gathered[i] = x[d->perm[i]];
+        x = gathered;
+    }
+    const int status = int4_matmul(d->q, d->s, d->z, d->n, d->k, d->group, x, 1, y, d->n);
+    free(gathered);
+    return status;
+}

@@ -3,7 +3,8 @@
 CPU), loaded with ctypes.
 
 `matmul` is the decode product (float32 activations, nibbles widened in registers); `dequantize_rows`
-widens rows of the weight to float32/bfloat16 (the batched path's tiles). The weight is the layout
+widens rows of the weight to float32/bfloat16 (the batched path's tiles); `matvec_entry` is the
+native decode path's one-row product. The weight is the layout
 int4_kernels.c describes, as `Int4Weight` holds it. Without a compiler an AWQ/GPTQ model cannot run:
 `library()` raises.
 """
@@ -18,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from pagedllm.attention.backends import cpu_decode
+from pagedllm.layers.quant import base
 from pagedllm.layers.quant.gguf_native import QUANT_COMMON
 
 SOURCE = Path(__file__).with_name("int4_kernels.c")
@@ -87,3 +89,23 @@ def dequantize_rows(w: Int4Weight, out: torch.Tensor) -> None:
     )
     if status != 0:
         raise ValueError(f"group size {w.group} must be a multiple of 32 dividing the width {out.shape[1]}")
+
+
+class _Matvec(ctypes.Structure):
+    """`Int4Matvec` in int4_kernels.c."""
+
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("q", "s", "z")),
+        *((name, ctypes.c_int64) for name in ("n", "k", "group")),
+        ("perm", ctypes.c_void_p),
+    ]
+
+
+def matvec_entry(w: Int4Weight, perm: torch.Tensor | None) -> base.NativeMatvec:
+    """The native one-row product (`int4_matvec`) of `w`, its input gathered by `perm` (int64, the
+    act-order permutation) first, as `int4.int4_linear` computes it for one row."""
+    if perm is not None and (perm.dtype != torch.int64 or not perm.is_contiguous()):
+        raise TypeError(f"the act-order permutation must be contiguous int64, not {perm.dtype}")
+    n = w.qweight.shape[0]
+    desc = _Matvec(*_weight_args(w, n), perm.data_ptr() if perm is not None else None)
+    return base.matvec_entry(library(), "int4_matvec", desc, w, perm)

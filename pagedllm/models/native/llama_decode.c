@@ -1,6 +1,7 @@
 /* One decode token of a Llama-family model from its token id to its final hidden states, in one
- * call: float32 or bfloat16 weights (AVX-512 / AVX512-BF16 matrix-vector products), the paged
- * attention kernel of cpu_decode.c.
+ * call: float32 weights (AVX-512, or AVX2 + FMA matrix-vector products) or bfloat16 ones (AVX512-BF16),
+ * quantized projections through their own kernels' matrix-vector entries, the paged attention
+ * kernel of cpu_decode.c.
  *
  * A single-sequence decode step reads every weight once for one token: it is bound by memory
  * bandwidth, and through compiled graphs it also pays, per layer, the Python of a graph call, its
@@ -10,6 +11,11 @@
  * embedding row and the final norm are here too: after the weights streamed through every cache,
  * the dozen tensor ops they took in Python cost ~0.5 ms of cache misses a step.
  *
+ * A quantized projection (GGUF blocks, AWQ/GPTQ int4, fp8) is not read here: its linear method
+ * declares a `MatvecFn` of its own kernel library and a descriptor of its weight, called with the
+ * input widened to float; the float result is rounded to the element type and the bias added as the
+ * module does (its product rounds to the activations' type, then the bias is added in that type).
+ *
  * Numerics follow the model's modules: every tensor they would produce (normed input, projections,
  * rotated q/k, attention output, activation, residual sums) is rounded to the element type where
  * they round it; sums and statistics run in float.
@@ -18,9 +24,15 @@
  */
 #include "../../attention/backends/cpu_decode.c"
 
-/* Which element types this build serves: float32 needs AVX-512, bfloat16 also AVX512-BF16. */
+/* Which element types this build's dense products serve: float32 needs AVX-512 or AVX2 + FMA,
+ * bfloat16 AVX512-BF16 (an AVX2-only CPU has no bfloat16 dense path: such models keep the graphs,
+ * unless every projection is quantized). */
 #ifdef __AVX512F__
 #define HAVE_F32 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_F32 1
+#define F32_AVX2 1
 #else
 #define HAVE_F32 0
 #endif
@@ -30,16 +42,25 @@
 #define HAVE_BF16 0
 #endif
 
+/* A quantized projection's matrix-vector entry: y = W x for float x [in] and y [out], W described by
+ * `desc` (the linear method's kernel library knows its layout); 0 on success. */
+typedef int (*MatvecFn)(const void *desc, const float *x, float *y);
+
 /* One decoder layer's parameters (contiguous, of the model's element type) and its KV cache. The
- * projections' biases and the per-head q/k norms (Qwen3) are NULL where the model has none. */
+ * projections' biases and the per-head q/k norms (Qwen3) are NULL where the model has none. A
+ * projection (qkv, o, gate_up, down in that order) with a non-NULL `fns` entry is computed by it
+ * with `descs`, and its weight pointer is unused. */
 typedef struct {
     const void *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
     void *kv_cache;
     const void *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm;
+    MatvecFn fns[4];
+    const void *descs[4];
 } LlamaLayer;
 
-/* The model: its shapes, the one epsilon of all its norms, its token embedding [vocab, hidden], final
- * norm and decoder layers. */
+/* The model: its shapes, the one epsilon of all its norms, its token embedding [vocab, hidden] (NULL:
+ * the caller writes the token's row into `out` before the call, for an embedding kept quantized),
+ * final norm and decoder layers. */
 typedef struct {
     int64_t hidden, intermediate, num_heads, num_kv_heads, head_size, num_layers, vocab;
     float eps;
@@ -47,7 +68,7 @@ typedef struct {
     const LlamaLayer *layers;
 } LlamaModel;
 
-/* Whether this build has the decode path for bfloat16 (bf16 != 0) or float32 weights. */
+/* Whether this build has the dense products of bfloat16 (bf16 != 0) or float32 weights. */
 int native_decode_supported(int bf16) { return bf16 ? HAVE_BF16 : HAVE_F32; }
 
 /* Element i of a float (bf16 == 0) or bfloat16 array, as a float; x rounded to the element type. */
@@ -56,7 +77,7 @@ INLINE float get(const void *p, int64_t i, int bf16) {
 }
 INLINE float rnd(float x, int bf16) { return bf16 ? bf16_to_float(float_to_bf16(x)) : x; }
 
-#if HAVE_F32
+#ifdef __AVX512F__
 /* acc + the products of the 16 floats at `w` and `x` (the first `n` of them). */
 INLINE __m512 dot_f32(__m512 acc, const float *w, const float *x, int64_t n) {
     if (n >= 16) return _mm512_fmadd_ps(_mm512_loadu_ps(w), _mm512_loadu_ps(x), acc);
@@ -75,7 +96,38 @@ INLINE __m512 dot_pairs(__m512 acc, const uint16_t *w, const uint16_t *x, int64_
 }
 #endif
 
-#if HAVE_F32
+#ifdef F32_AVX2
+/* sum_i w_i x_i of k floats: four accumulators (the FMAs do not wait on each other), a scalar tail. */
+INLINE float row_dot_avx2(const float *w, const float *x, int64_t k) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    int64_t c = 0;
+    for (; c + 32 <= k; c += 32) {
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
+        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 8), _mm256_loadu_ps(x + c + 8), a1);
+        a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 16), _mm256_loadu_ps(x + c + 16), a2);
+        a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c + 24), _mm256_loadu_ps(x + c + 24), a3);
+    }
+    for (; c + 8 <= k; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
+    float tail = 0.0f;
+    for (; c < k; c++) tail += w[c] * x[c];
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h) + tail;
+}
+
+/* y = W x (+ bias) for float32 weights, rounded as a linear layer rounds (float32: not at all): each
+ * thread streams one contiguous range of rows, each row read start to end. */
+INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int64_t n, int64_t k, const int bf16) {
+    (void)bf16; /* float32 only (native_decode_supported(1) is 0 in this build) */
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        const float v = row_dot_avx2((const float *)W + r * k, x, k);
+        ((float *)y)[r] = bias ? v + ((const float *)bias)[r] : v;
+    }
+}
+#elif HAVE_F32
 /* y = W x (+ bias, if not NULL) rounded to the element type once, as a linear layer rounds: W [n, k]
  * row-major. Rows go 16 to a work item, each row read start to end (the hardware prefetcher follows
  * one stream per thread), two accumulators per row; the 16 rows' lane sums come out of one
@@ -166,9 +218,37 @@ INLINE void silu_and_mul(const void *gate_up, void *out, int64_t n, const int bf
     }
 }
 
+/* Projection p (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`: y [n] = W x [k] (+ bias). A quantized one
+ * runs its entry on x widened to float (`xf`, k floats) into `yf` (n floats), its result rounded to
+ * the element type and the bias added in that type, as the module's product and bias add round. */
+INLINE int project(const LlamaLayer *layer, int p, const void *W, const void *bias, const void *x, void *y,
+                   int64_t n, int64_t k, float *xf, float *yf, const int bf16) {
+    if (!layer->fns[p]) {
 #if HAVE_F32
+        if (bf16 ? HAVE_BF16 : HAVE_F32) {
+            matvec(W, bias, x, y, n, k, bf16);
+            return 0;
+        }
+#endif
+        return -3;
+    }
+    const float *in = x;
+    if (bf16) {
+        for (int64_t i = 0; i < k; i++) xf[i] = get(x, i, 1);
+        in = xf;
+    }
+    float *out = bf16 ? yf : (float *)y;
+    const int status = layer->fns[p](layer->descs[p], in, out);
+    if (status) return -6;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = rnd(out[i], bf16);
+        store_row(y, i, bias ? rnd(v + get(bias, i, bf16), bf16) : v, bf16);
+    }
+    return 0;
+}
+
 INLINE int decode_step(const LlamaModel *m, const int64_t *token, const int64_t *position, const float *cos_sin,
-                       int64_t rotary_rows, void *out, float *residual, void *scratch, const StepArgs *step,
+                       int64_t rotary_rows, void *out, float *floats, void *scratch, const StepArgs *step,
                        const LayerArgs *attn, const int bf16) {
     if (*token < 0 || *token >= m->vocab) return -4;
     if (*position < 0 || *position >= rotary_rows) return -5;
@@ -176,13 +256,18 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *token, const int64_t 
     const int64_t q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_size = q_size + 2 * kv_size;
     char *h = scratch, *x = h + H * elem, *qkv = x + H * elem, *attn_out = qkv + qkv_size * elem;
     char *gate_up = attn_out + q_size * elem, *act = gate_up + 2 * I * elem;
+    /* floats: the residual stream [H], a quantized projection's float input (at most the widest of H,
+     * q and I) and output. */
+    const int64_t widest_in = I > H ? (I > q_size ? I : q_size) : (H > q_size ? H : q_size);
+    float *residual = floats, *xf = residual + H, *yf = xf + widest_in;
     const float *rotation = cos_sin + *position * D;
-    memcpy(h, (const char *)m->embedding + *token * H * elem, (size_t)(H * elem));
+    memcpy(h, m->embedding ? (const char *)m->embedding + *token * H * elem : (const char *)out, (size_t)(H * elem));
     for (int64_t i = 0; i < H; i++) residual[i] = get(h, i, bf16);
     for (int64_t l = 0; l < m->num_layers; l++) {
         const LlamaLayer *layer = m->layers + l;
         add_rms_norm(residual, h, layer->input_norm, x, H, m->eps, l > 0, bf16);
-        matvec(layer->qkv, layer->qkv_bias, x, qkv, qkv_size, H, bf16);
+        int status = project(layer, 0, layer->qkv, layer->qkv_bias, x, qkv, qkv_size, H, xf, yf, bf16);
+        if (status) return status;
         if (layer->q_norm) {
             head_norms(qkv, m->num_heads, D, layer->q_norm, m->eps, bf16);
             head_norms(qkv + q_size * elem, m->num_kv_heads, D, layer->k_norm, m->eps, bf16);
@@ -190,39 +275,36 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *token, const int64_t 
         rotate(qkv, m->num_heads + m->num_kv_heads, D, rotation, bf16);
         /* q, k and v are the three parts of the one fused qkv row. The caches hold the weights'
          * type (llama_decode.py binds no fp8 cache, whose per-layer scales this table lacks). */
-        const int status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
+        status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
                                         qkv_size, layer->kv_cache, NULL, attn_out, q_size, step, attn, bf16);
         if (status) return status;
-        matvec(layer->o, layer->o_bias, attn_out, h, H, q_size, bf16);
+        if ((status = project(layer, 1, layer->o, layer->o_bias, attn_out, h, H, q_size, xf, yf, bf16))) return status;
         add_rms_norm(residual, h, layer->post_norm, x, H, m->eps, 1, bf16);
-        matvec(layer->gate_up, layer->gate_up_bias, x, gate_up, 2 * I, H, bf16);
+        if ((status = project(layer, 2, layer->gate_up, layer->gate_up_bias, x, gate_up, 2 * I, H, xf, yf, bf16)))
+            return status;
         silu_and_mul(gate_up, act, I, bf16);
-        matvec(layer->down, layer->down_bias, act, h, H, I, bf16);
+        if ((status = project(layer, 3, layer->down, layer->down_bias, act, h, H, I, xf, yf, bf16))) return status;
     }
     add_rms_norm(residual, h, m->final_norm, out, H, m->eps, 1, bf16);
     return 0;
 }
-#endif
 
 /* The final hidden states of one decode token. In: the token id and its position (int64), the rotary
  * table (float [rotary_rows, head_size]: each row cos then sin, head_size / 2 each). Out: `out`
- * ([hidden] of the element type). `residual` (float [hidden]) holds the residual stream; `scratch`
- * 2 * hidden + (q + 2 kv) + q + 3 * intermediate elements. The step (one decode request, its
- * new key's slot) and the attention layout are cpu_decode.c's. Returns 0; -4 for a token id outside
- * the vocabulary, -5 for a position outside the rotary table; other non-zero values where the shapes
- * are not supported (check native_decode_supported first). */
-#define EXPORT_STEP(NAME, BF16, HAVE)                                                                         \
+ * ([hidden] of the element type; in: the token's embedding row where the model's embedding is NULL).
+ * `floats` (float [hidden + max(hidden, q, intermediate) + max(hidden, q + 2 kv, 2 intermediate)]) holds the
+ * residual stream and the quantized projections' float input and output; `scratch` 2 * hidden +
+ * (q + 2 kv) + q + 3 * intermediate elements. The step (one decode request, its new key's slot) and
+ * the attention layout are cpu_decode.c's. Returns 0; -4 for a token id outside the vocabulary, -5 for
+ * a position outside the rotary table, -3 for a dense projection this build has no product for
+ * (check native_decode_supported first), -6 where a quantized projection's entry failed; other
+ * non-zero values where the attention shapes are not supported. */
+#define EXPORT_STEP(NAME, BF16)                                                                               \
     int NAME(const LlamaModel *m, const int64_t *token, const int64_t *position, const float *cos_sin,        \
-             int64_t rotary_rows, void *out, float *residual, void *scratch, const StepArgs *step,            \
+             int64_t rotary_rows, void *out, float *floats, void *scratch, const StepArgs *step,              \
              const LayerArgs *attn) {                                                                         \
-        if (!(HAVE)) return -3;                                                                               \
-        return decode_step(m, token, position, cos_sin, rotary_rows, out, residual, scratch, step, attn, BF16); \
+        return decode_step(m, token, position, cos_sin, rotary_rows, out, floats, scratch, step, attn, BF16);  \
     }
 
-#if HAVE_F32
-EXPORT_STEP(decode_step_f32, 0, HAVE_F32)
-EXPORT_STEP(decode_step_bf16, 1, HAVE_BF16)
-#else
-int decode_step_f32(void) { return -3; }
-int decode_step_bf16(void) { return -3; }
-#endif
+EXPORT_STEP(decode_step_f32, 0)
+EXPORT_STEP(decode_step_bf16, 1)

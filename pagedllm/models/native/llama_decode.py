@@ -4,18 +4,25 @@ mirror of `pagedllm.models.llama`.
 A step that decodes one token of one sequence is bound by reading every weight once. Through the
 compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
 allocations and the attention op's dispatch; `LlamaNativeDecoder` instead runs the whole model body
-in one C call, from the token's embedding row through every decoder layer (AVX-512 / AVX512-BF16
-matrix-vector products, the paged attention kernel) to the final norm. `LlamaForCausalLM` (and the
+in one C call, from the token's embedding row through every decoder layer (matrix-vector products,
+the paged attention kernel) to the final norm. `LlamaForCausalLM` (and the
 architectures built on it) declares this path (`native_decoder()`), and `CompiledForward` uses it for
 one-token steps where `for_model` accepts the loaded model; every other step runs the graphs.
 
 Accepted: the Llama model's layers (Llama, SmolLM2, Mistral with or without a sliding window, Qwen2
-with its q/k/v biases, Qwen3 with its per-head q/k norms) whose projections are plain dense products
-(their linear method exposes a `dense_weight`: not quantized; LoRA-wrapped projections expose their
-base weight, and a step where any token runs an adapter goes to the graphs) on one tensor-parallel
-rank, float32 weights on an AVX-512 CPU or bfloat16 weights on one with AVX512-BF16, a KV cache of the
-weights' dtype (an fp8 cache's per-layer scales are not in the C layer table), and an attention
-shape the decode-attention kernel serves. Anything else keeps the compiled graphs.
+with its q/k/v biases, Qwen3 with its per-head q/k norms) on one tensor-parallel rank, whose
+projections are each either
+- a plain dense product (the linear method exposes a `dense_weight`): float32 weights on a CPU with
+  AVX-512 or AVX2 + FMA, bfloat16 ones on a CPU with AVX512-BF16 (an AVX2-only CPU has no bfloat16
+  dense path here); or
+- a product the linear method runs natively itself (`native_matvec`: GGUF blocks, AWQ/GPTQ int4, fp8
+  weights), called from the C loop on the input widened to float, in float32 or bfloat16 models;
+LoRA-wrapped projections expose their base product, and a step where any token runs an adapter goes
+to the graphs. Also: norms and biases of the activations' dtype, a KV cache of that dtype (an fp8
+cache's per-layer scales are not in the C layer table), and an attention shape the decode-attention
+kernel serves. An embedding kept quantized (GGUF) gathers its row through its own module before the
+call; the LM head (tied or quantized) is never part of the call: the logits come from the model's
+own head after it. Anything else keeps the compiled graphs.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, nat
 from pagedllm.forward_context import get_forward_context
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
+from pagedllm.layers.quant.base import NativeMatvec
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.lora.layers import LoRALinearMethod
 
@@ -50,7 +58,7 @@ class _LlamaLayer(ctypes.Structure):
             *("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "kv_cache"),
             *("qkv_bias", "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm"),
         )
-    ]
+    ] + [("fns", ctypes.c_void_p * 4), ("descs", ctypes.c_void_p * 4)]
 
 
 class _LlamaModel(ctypes.Structure):
@@ -97,8 +105,8 @@ def _library() -> ctypes.CDLL | None:
 
 
 def _supports(dtype: torch.dtype) -> bool:
-    """Whether the native library built here serves weights of `dtype` (float32 needs AVX-512,
-    bfloat16 also AVX512-BF16)."""
+    """Whether the native library built here has the dense products of weights of `dtype` (float32
+    needs AVX-512 or AVX2 + FMA, bfloat16 AVX512-BF16)."""
     lib = _library()
     return lib is not None and dtype in _DTYPES and bool(lib.native_decode_supported(dtype == torch.bfloat16))
 
@@ -113,17 +121,25 @@ def _unsupported(model: nn.Module) -> str | None:
     if model.model.aux_hidden_state_layers:  # type: ignore[union-attr]
         return "an EAGLE-3 head reads its intermediate hidden states, which the native call does not return"
     layers = model.model.layers  # type: ignore[union-attr]
-    dtypes = {p.dtype for p in layers.parameters()}
+    # Quantized projections hold integer (or no) parameters; every float one must be of one dtype.
+    dtypes = {p.dtype for p in layers.parameters() if p.is_floating_point()}
     if (
         any(p.device.type != "cpu" for p in layers.parameters())
         or len(dtypes) != 1
         or not dtypes <= set(_DTYPES)
     ):
         return "its decoder weights are not all float32 or all bfloat16 on the CPU"
+    (dtype,) = dtypes
     for layer in layers:
         projections = _projections(layer)
-        if any(m.quant_method.dense_weight(m) is None for m in projections):
-            return "its projections are not plain dense products (quantized, or with adapters)"
+        dense = [m.quant_method.dense_weight(m) is not None for m in projections]
+        if any(not d and m.quant_method.native_matvec(m) is None for d, m in zip(dense, projections)):
+            return "its projections are neither plain dense products nor declare a native product"
+        if any(dense) and not _supports(dtype):
+            return (
+                f"the native library has no dense {dtype} product here (no C compiler, or no AVX-512 / "
+                "AVX2 + FMA for float32, no AVX512-BF16 for bfloat16)"
+            )
         if any(m.tp_size != 1 for m in projections):
             return "its layers are sharded across tensor-parallel ranks"
         if not isinstance(layer.self_attn.attn.impl, TorchPagedAttentionImpl):
@@ -153,13 +169,16 @@ class LlamaNativeDecoder:
         self.hidden_size, self.vocab_size = config.hidden_size, config.vocab_size
         self.intermediate_size = config.intermediate_size
         q_size, qkv_size = first.q_size, first.q_size + 2 * first.kv_size
-        self.residual = torch.empty(self.hidden_size, dtype=torch.float32)
+        # The residual stream, then a quantized projection's float input and output.
+        widest_in = max(self.hidden_size, q_size, self.intermediate_size)
+        widest_out = max(self.hidden_size, qkv_size, 2 * self.intermediate_size)
+        self.floats = torch.empty(self.hidden_size + widest_in + widest_out, dtype=torch.float32)
         self.scratch = torch.empty(
             2 * self.hidden_size + qkv_size + q_size + 3 * self.intermediate_size, dtype=dtype
         )
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
-        self._tensors: list[torch.Tensor] = []
+        self._tensors: list[object] = []
         self._layers: ctypes.Array[_LlamaLayer] | None = None
         self._model: _LlamaModel | None = None
         self._layout: cpu_decode.DecodeLayout | None = None
@@ -172,15 +191,12 @@ class LlamaNativeDecoder:
     def for_model(cls, model: nn.Module) -> LlamaNativeDecoder | None:
         """The decoder for `model`, or None (logged) where the native path cannot run it."""
         reason = _unsupported(model)
-        dtype = next(model.model.layers.parameters()).dtype if reason is None else None  # type: ignore[union-attr]
-        if dtype is not None and not _supports(dtype):
-            reason = (
-                f"the native library does not serve {dtype} here (no C compiler, or no AVX-512 / AVX512-BF16)"
-            )
+        if reason is None and _library() is None:
+            reason = "the native library could not be built (no C compiler)"
         if reason is not None:
             logger.info("single-sequence decode steps run the compiled graphs: %s", reason)
             return None
-        assert dtype is not None
+        dtype = model.model.layers[0].input_layernorm.weight.dtype  # type: ignore[union-attr]
         logger.info(
             "single-sequence decode steps run natively (one call from the embedding to the final norm)"
         )
@@ -190,13 +206,20 @@ class LlamaNativeDecoder:
         self._cache, self._layout, self._layers, self._model = None, None, None, None
         self._tensors = []
 
-    def _layer_tensors(self) -> list[tuple[torch.Tensor | None, ...]]:
-        """Each layer's tensors in `_LlamaLayer`'s order (None: a bias or norm the model lacks)."""
-        rows = []
+    def _layer_tensors(self) -> tuple[list[tuple[torch.Tensor | None, ...]], list[list[NativeMatvec | None]]]:
+        """Each layer's tensors in `_LlamaLayer`'s order (None: a bias or norm the model lacks, or the
+        weight of a quantized projection) and its projections' native products (None: dense)."""
+        rows, products = [], []
         for layer in self.model.layers:
             attn = layer.self_attn
             projections = _projections(layer)
             qkv, o, gate_up, down = (m.quant_method.dense_weight(m) for m in projections)
+            products.append(
+                [
+                    m.quant_method.native_matvec(m) if w is None else None
+                    for w, m in zip((qkv, o, gate_up, down), projections)
+                ]
+            )
             rows.append(
                 (
                     layer.input_layernorm.weight,
@@ -210,7 +233,13 @@ class LlamaNativeDecoder:
                     *(norm.weight if norm is not None else None for norm in (attn.q_norm, attn.k_norm)),
                 )
             )
-        return rows
+        return rows, products
+
+    def _dense_embedding(self) -> torch.Tensor | None:
+        """The embedding table the C code reads rows of, or None where the embedding is kept quantized
+        (then its module gathers the step's row before the call)."""
+        embed = self.model.embed_tokens
+        return embed.weight if getattr(embed, "quant_method", None) is None else None
 
     def _bind(self) -> bool:
         """Point the C layer table at the weights and the KV caches, once they are bound and again
@@ -221,14 +250,15 @@ class LlamaNativeDecoder:
         if cache is self._cache:
             return self._layout is not None
         self._cache, self._layout = cache, None
-        rows = self._layer_tensors()
+        rows, products = self._layer_tensors()
         if cache.dim() != 5 or any(row[6].shape != cache.shape for row in rows):  # type: ignore[union-attr]
             return False
-        ends = [self.model.embed_tokens.weight, self.model.norm.weight]
+        embedding = self._dense_embedding()
+        ends = [t for t in (embedding, self.model.norm.weight) if t is not None]
         present = [*ends, *(t for row in rows for t in row if t is not None)]
         if not all(t.is_contiguous() and t.dtype == self.dtype for t in present):
             return False
-        if ends[0].shape != (self.vocab_size, self.hidden_size):  # a sharded embedding
+        if embedding is not None and embedding.shape != (self.vocab_size, self.hidden_size):  # sharded
             return False
         if (
             not self.rotary.cos_sin_cache.is_contiguous()
@@ -242,9 +272,16 @@ class LlamaNativeDecoder:
         if not isinstance(layout, cpu_decode.DecodeLayout):
             return False
         # Kept alive with the table of their addresses.
-        self._tensors = present
+        self._tensors = [*present, *(p for ps in products for p in ps if p is not None)]
         self._layers = (_LlamaLayer * len(rows))(
-            *(_LlamaLayer(*(t.data_ptr() if t is not None else None for t in row)) for row in rows)
+            *(
+                _LlamaLayer(
+                    *(t.data_ptr() if t is not None else None for t in row),
+                    (ctypes.c_void_p * 4)(*(p.fn if p is not None else None for p in ps)),
+                    (ctypes.c_void_p * 4)(*(p.desc if p is not None else None for p in ps)),
+                )
+                for row, ps in zip(rows, products)
+            )
         )
         self._model = _LlamaModel(
             self.hidden_size,
@@ -255,8 +292,8 @@ class LlamaNativeDecoder:
             len(rows),
             self.vocab_size,
             self.model.norm.variance_epsilon,
-            ends[0].data_ptr(),
-            ends[1].data_ptr(),
+            embedding.data_ptr() if embedding is not None else None,
+            self.model.norm.weight.data_ptr(),
             ctypes.addressof(self._layers),
         )
         self._layout = layout
@@ -277,7 +314,13 @@ class LlamaNativeDecoder:
                 f"token ids and positions must be int64, not {input_ids.dtype} and {positions.dtype}"
             )
         table = self.rotary.cos_sin_cache
-        hidden = torch.empty(1, self.hidden_size, dtype=self.dtype)
+        assert self._model is not None
+        if self._model.embedding is None:  # the C code starts from the row written into `hidden`
+            hidden = (
+                self.model.embed_tokens(input_ids).to(self.dtype).reshape(1, self.hidden_size).contiguous()
+            )
+        else:
+            hidden = torch.empty(1, self.hidden_size, dtype=self.dtype)
         status = self.fn(
             ctypes.byref(self._model),
             input_ids.data_ptr(),
@@ -285,7 +328,7 @@ class LlamaNativeDecoder:
             table.data_ptr(),
             table.shape[0],
             hidden.data_ptr(),
-            self.residual.data_ptr(),
+            self.floats.data_ptr(),
             self.scratch.data_ptr(),
             step.pointer,
             self._layout.pointer,
@@ -298,6 +341,8 @@ class LlamaNativeDecoder:
             raise IndexError(
                 f"position {int(positions[0])} is outside the rotary table ({table.shape[0]} rows)"
             )
+        if status == -6:
+            raise RuntimeError("a quantized projection's native product failed (status -6)")
         if status != 0:
             raise RuntimeError(f"native decode rejected the model's shapes (status {status})")
         return hidden

@@ -31,7 +31,11 @@ from pagedllm.worker.model_runner import ModelRunner  # noqa: E402
 
 needs_native = pytest.mark.skipif(
     not llama_decode._supports(torch.bfloat16),
-    reason="the native decode path needs a C compiler and AVX512-BF16",
+    reason="the native decode path of bfloat16 weights needs a C compiler and AVX512-BF16",
+)
+needs_native_f32 = pytest.mark.skipif(
+    not llama_decode._supports(torch.float32),
+    reason="the native decode path of float32 weights needs a C compiler and AVX-512 or AVX2 + FMA",
 )
 
 _BASE: dict[str, Any] = dict(
@@ -114,9 +118,13 @@ def _generate(
     return tokens, logprobs
 
 
-@needs_native
 @pytest.mark.parametrize(
-    ("name", "dtype"), [*((name, "bfloat16") for name in MODELS), ("llama-odd-widths", "float32")]
+    ("name", "dtype"),
+    [
+        *(pytest.param(name, "bfloat16", marks=needs_native) for name in MODELS),
+        pytest.param("llama-odd-widths", "float32", marks=needs_native_f32),
+        pytest.param("qwen3-attention-bias", "float32", marks=needs_native_f32),
+    ],
 )
 def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Path) -> None:
     model_dir = _save(name, tmp_path / name)
@@ -170,7 +178,7 @@ def _check_against_reference(
     torch.testing.assert_close(torch.tensor(logprobs), chosen, atol=TIE, rtol=0)
 
 
-@needs_native
+@needs_native_f32
 def test_models_the_path_cannot_run_keep_the_graphs(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     _save("llama-gqa-mlp-bias", tmp_path / "llama")
     with caplog.at_level(logging.INFO, logger="pagedllm.compile"):
@@ -182,7 +190,7 @@ def test_models_the_path_cannot_run_keep_the_graphs(tmp_path: Path, caplog: pyte
     assert len(tokens) == MAX_TOKENS
 
 
-@needs_native
+@needs_native_f32
 @pytest.mark.parametrize(("token", "position", "status"), [(10, 0, -4), (-1, 0, -4), (3, 4, -5), (3, -1, -5)])
 def test_token_or_position_outside_its_table_is_refused(token: int, position: int, status: int) -> None:
     """The C entry checks the token id against the vocabulary and the position against the rotary
@@ -193,11 +201,12 @@ def test_token_or_position_outside_its_table_is_refused(token: int, position: in
     model.num_layers, model.vocab, model.eps = 1, 10, 1e-6
     ids, positions = torch.tensor([token]), torch.tensor([position])
     args = (ctypes.byref(model), ids.data_ptr(), positions.data_ptr(), None, 4, None, None, None, None, None)
-    assert lib.decode_step_bf16(*args) == status
+    assert lib.decode_step_f32(*args) == status
 
 
 class _Opaque(LinearMethodBase):
-    """A method whose product is not a plain dense matrix (as a quantized one's): no `dense_weight`."""
+    """A method whose product is neither a plain dense matrix nor declares a native one: no
+    `dense_weight`, no `native_matvec`."""
 
     def create_weights(self, *_: Any) -> None:
         raise AssertionError("not called: the layer already has its weights")
@@ -224,6 +233,8 @@ def test_the_model_declares_the_path_and_its_layers_decide() -> None:
     down = model.model.layers[1].mlp.down_proj
     assert isinstance(down, LinearBase)
     down.quant_method = _Opaque()
-    assert "not plain dense products" in (llama_decode._unsupported(model) or "")
+    assert "neither plain dense products nor declare a native product" in (
+        llama_decode._unsupported(model) or ""
+    )
     half = load_model(config, ".", load_format="dummy", dtype=torch.float16)
     assert "not all float32 or all bfloat16" in (llama_decode._unsupported(half) or "")
