@@ -1,4 +1,5 @@
-"""Fixtures of the server tests: a real `pagedllm serve` process per test module."""
+"""Fixtures of the server tests: a real `pagedllm serve` process per test module, or one shared by the
+modules whose tests leave it as they found it (a server start is ~10-30 s of imports on 2 cores)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,15 @@ def server() -> Iterator[RemoteServer]:
 def client(server: RemoteServer) -> openai.OpenAI:
     """The official client on the module's server (a module may override `server` with its own flags)."""
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def tool_server() -> Iterator[RemoteServer]:
+    """The default model with tool calling on (`--enable-auto-tool-choice --tool-call-parser hermes`),
+    for the tool-call and the structured-output tests: requests without `tools` are served exactly as
+    without the flags, and neither module stops the server or reads its counters."""
+    remote = RemoteServer(extra_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    try:
+        yield remote
+    finally:
+        remote.kill()

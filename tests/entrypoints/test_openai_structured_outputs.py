@@ -56,6 +56,12 @@ ARITHMETIC = r"[1-9][0-9]?([-+*][1-9][0-9]?){0,2}"
 
 
 @pytest.fixture(scope="module")
+def server(tool_server: RemoteServer) -> RemoteServer:
+    # The tool-call tests' server (the grammar that holds tool arguments is this module's subject too).
+    return tool_server
+
+
+@pytest.fixture(scope="module")
 def client(server: RemoteServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
 

@@ -48,7 +48,7 @@ def test_async_support_agrees_with_config_table() -> None:
 
 
 def test_uniproc_executor_runs_the_model(model_dir: Path) -> None:
-    executor = UniProcExecutor(make_config(model_dir, kv_cache_memory_bytes=2**20))
+    executor = UniProcExecutor(make_config(model_dir, optimization_level=0, kv_cache_memory_bytes=2**20))
     [spec] = executor.collective_rpc("get_kv_cache_spec")
     assert executor.collective_rpc("determine_available_kv_cache_bytes") == [2**20]
     assert executor.collective_rpc("initialize_kv_cache", args=(2**20 // spec.bytes_per_block,)) == [None]
@@ -64,7 +64,7 @@ def test_uniproc_executor_runs_the_model(model_dir: Path) -> None:
 
 def test_collective_rpc_passes_arguments_by_name(model_dir: Path) -> None:
     """Methods run by name on the worker, with positional and keyword arguments."""
-    executor = UniProcExecutor(make_config(model_dir, kv_cache_memory_bytes=2**20))
+    executor = UniProcExecutor(make_config(model_dir, optimization_level=0, kv_cache_memory_bytes=2**20))
     executor.collective_rpc("initialize_kv_cache", kwargs={"num_blocks": 7})
     assert executor.collective_rpc("__getattribute__", args=("model_runner",))[0].num_blocks == 7
     with pytest.raises(AttributeError, match="no_such_method"):

@@ -61,14 +61,21 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int) -> list[i
 
 
 def make_config(
-    model_dir: Path, max_num_seqs: int = 8, max_num_batched_tokens: int = 64, **cache: Any
+    model_dir: Path,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 64,
+    optimization_level: int = 2,
+    **cache: Any,
 ) -> EngineConfig:
+    """The tiny model's engine config; the default optimization level (O2) compiles the forward with
+    Inductor on first use, which runner tests that are not about compilation skip with level 0."""
     return EngineConfig(
         model_config=ModelConfig(model=str(model_dir), dtype="float32", max_model_len=128),
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
         ),
         cache_config=CacheConfig(block_size=16, **cache),
+        optimization_level=optimization_level,
     )
 
 

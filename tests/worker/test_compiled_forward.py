@@ -38,6 +38,15 @@ def hf_tokens(model_dir: Path) -> dict[str, list[int]]:
     return {k: hf_greedy(model_dir, p, MAX_TOKENS) for k, p in PROMPTS.items()}
 
 
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One compile cache for the tests that are not about the cache: a graph another test compiled
+    under the same configuration and Inductor options loads from it instead of compiling again (each
+    still traces its graphs, and counts and calls them as on a cold start); the warm-start test below
+    keeps a cache of its own."""
+    return tmp_path_factory.mktemp("shared")
+
+
 def run_workload(runner: ModelRunner) -> dict[str, list[int]]:
     """Staggered arrivals and 7-token prefill chunks: steps of many different sizes, mixing chunks,
     whole prompts and decodes, and single-request decode steps at the end."""
@@ -77,10 +86,10 @@ def is_compile_wrapper(fn: Any) -> bool:
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_every_level_gives_the_greedy_tokens_of_eager(
-    level: int, model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path
+    level: int, model_dir: Path, hf_tokens: dict[str, list[int]], shared_cache: Path
 ) -> None:
     runner = make_runner(
-        model_dir, tmp_path, native=True, optimization_level=level, compilation_config=CompilationConfig()
+        model_dir, shared_cache, native=True, optimization_level=level, compilation_config=CompilationConfig()
     )
     compiled = level > 0
     assert isinstance(runner._forward, CompiledForward) == compiled
@@ -103,10 +112,10 @@ def test_every_level_gives_the_greedy_tokens_of_eager(
 
 
 def test_without_the_bytecode_hook_the_compiled_wrappers_run(
-    model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model_dir: Path, hf_tokens: dict[str, list[int]], shared_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delattr(torch._dynamo.convert_frame, "register_bytecode_hook")
-    runner = make_runner(model_dir, tmp_path)
+    runner = make_runner(model_dir, shared_cache)
     tokens = run_workload(runner)
     assert tokens["a"] == hf_tokens["a"] and tokens["b"] == hf_tokens["b"]
     forward = runner._forward
@@ -117,10 +126,10 @@ def test_without_the_bytecode_hook_the_compiled_wrappers_run(
 
 @pytest.mark.parametrize("mode", [CompilationMode.STOCK_TORCH_COMPILE, CompilationMode.DYNAMO_TRACE_ONCE])
 def test_other_compilation_modes(
-    mode: CompilationMode, model_dir: Path, hf_tokens: dict[str, list[int]], tmp_path: Path
+    mode: CompilationMode, model_dir: Path, hf_tokens: dict[str, list[int]], shared_cache: Path
 ) -> None:
     runner = make_runner(
-        model_dir, tmp_path, compilation_config=CompilationConfig(mode=mode, backend="eager")
+        model_dir, shared_cache, compilation_config=CompilationConfig(mode=mode, backend="eager")
     )
     assert isinstance(runner._forward, CompiledForward) and runner._forward.mode == mode
     tokens = run_workload(runner)
@@ -174,11 +183,11 @@ def test_warm_start_loads_every_graph_from_the_cache(model_dir: Path, tmp_path: 
 
 @pytest.mark.parametrize("warm_up", [True, False])
 def test_warm_up_compiles_every_shape_class_at_start(
-    warm_up: bool, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    warm_up: bool, model_dir: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     built: list[str] = []
     monkeypatch.setattr(TorchPagedAttentionBackend, "warm_up", lambda device: built.append(device.type))
-    runner = make_runner(model_dir, tmp_path, kernel_config=KernelConfig(enable_jit_warmup=warm_up))
+    runner = make_runner(model_dir, shared_cache, kernel_config=KernelConfig(enable_jit_warmup=warm_up))
     runner.compile_or_warm_up_model()
     # The attention backend's native kernel is built at start too.
     assert built == (["cpu"] if warm_up else [])

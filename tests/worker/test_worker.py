@@ -17,7 +17,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_worker_seeds_and_runs(model_dir: Path) -> None:
-    worker = Worker(make_config(model_dir, kv_cache_memory_bytes=2**20))
+    worker = Worker(make_config(model_dir, optimization_level=0, kv_cache_memory_bytes=2**20))
     with pytest.raises(RuntimeError, match="init_device"):
         worker.load_model()
     worker.init_device()
