@@ -94,7 +94,8 @@ def resolve_hybrid_kv_cache_manager(cfg: EngineConfig) -> None:
     if sc.disable_hybrid_kv_cache_manager is None:
         if cfg.kv_transfer_config is not None and cfg.kv_transfer_config.kv_connector is not None:
             logger.warning(
-                "KV connector %s does not support the hybrid KV cache manager; disabling it",
+                "turning off the hybrid KV cache manager: KV connector %s does not support it (only models "
+                "with sliding-window or other mixed attention layers lose memory by this)",
                 cfg.kv_transfer_config.kv_connector,
             )
             need_disable = True
