@@ -11,6 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "worker"))
 from runner_driver import hf_greedy, make_config, save_tiny_model  # noqa: E402
 
+from pagedllm.config.engine import EngineConfig  # noqa: E402
 from pagedllm.engine.core import EngineCore  # noqa: E402
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, FinishReason  # noqa: E402
 from pagedllm.sampling_params import SamplingParams  # noqa: E402
@@ -32,6 +33,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def hf_tokens(model_dir: Path) -> list[list[int]]:
     return [hf_greedy(model_dir, p, MAX_TOKENS) for p in PROMPTS]
+
+
+def eager_config(model_dir: Path, **kwargs: object) -> EngineConfig:
+    """The tiny model's config at optimization level 0: these tests are about the engine core's
+    scheduling, and at the default O2 each core's first steps Inductor-compiled the forward (graphs
+    against eager are tests/worker/test_compiled_forward.py's subject)."""
+    return make_config(model_dir, optimization_level=0, **kwargs)  # type: ignore[arg-type]
 
 
 def request(
@@ -71,7 +79,7 @@ def run_to_completion(core: EngineCore, max_steps: int = 500) -> tuple[dict[str,
 def test_greedy_matches_hf(
     model_dir: Path, hf_tokens: list[list[int]], cache: dict, max_num_batched_tokens: int
 ) -> None:
-    core = EngineCore(make_config(model_dir, max_num_batched_tokens=max_num_batched_tokens, **cache))
+    core = EngineCore(eager_config(model_dir, max_num_batched_tokens=max_num_batched_tokens, **cache))
     try:
         for i, p in enumerate(PROMPTS):
             core.add_request(request(str(i), p))
@@ -88,7 +96,7 @@ def test_prefix_cache_hits_give_the_same_tokens(model_dir: Path) -> None:
     shared = PROMPTS[2][:32]  # two full blocks
     prompts = [shared + [1, 2, 3], shared + [200, 201]]
     want = [hf_greedy(model_dir, p, MAX_TOKENS) for p in prompts]
-    core = EngineCore(make_config(model_dir, num_gpu_blocks_override=32))
+    core = EngineCore(eager_config(model_dir, num_gpu_blocks_override=32))
     try:
         core.add_request(request("first", prompts[0]))
         first, _, _ = run_to_completion(core)
@@ -101,13 +109,13 @@ def test_prefix_cache_hits_give_the_same_tokens(model_dir: Path) -> None:
 
 
 def test_kv_cache_sizing(model_dir: Path) -> None:
-    cfg = make_config(model_dir, kv_cache_memory_bytes=2**20)
+    cfg = eager_config(model_dir, kv_cache_memory_bytes=2**20)
     core = EngineCore(cfg)
     bytes_per_block = core.model_executor.collective_rpc("get_kv_cache_spec")[0].bytes_per_block
     assert cfg.cache_config.num_gpu_blocks == 2**20 // bytes_per_block
     core.shutdown()
 
-    cfg = make_config(model_dir, kv_cache_memory_bytes=2**20, num_gpu_blocks_override=9)
+    cfg = eager_config(model_dir, kv_cache_memory_bytes=2**20, num_gpu_blocks_override=9)
     core = EngineCore(cfg)
     assert cfg.cache_config.num_gpu_blocks == 9
     assert core.model_executor.driver_worker.runner.kv_caches[0].shape[1] == 9
@@ -117,11 +125,11 @@ def test_kv_cache_sizing(model_dir: Path) -> None:
 def test_cache_too_small_for_one_sequence(model_dir: Path) -> None:
     # max_model_len=128 needs 8 blocks of 16 tokens.
     with pytest.raises(ValueError, match=r"needs 8 blocks.*max_model_len"):
-        EngineCore(make_config(model_dir, num_gpu_blocks_override=7))
+        EngineCore(eager_config(model_dir, num_gpu_blocks_override=7))
 
 
 def test_admission_error_is_reported_not_raised(model_dir: Path, hf_tokens: list[list[int]]) -> None:
-    core = EngineCore(make_config(model_dir, kv_cache_memory_bytes=2**20))
+    core = EngineCore(eager_config(model_dir, kv_cache_memory_bytes=2**20))
     try:
         core.add_request(request("too-long", [1] * 200))  # max_model_len is 128
         core.add_request(request("ok", PROMPTS[1]))
@@ -139,7 +147,7 @@ def test_admission_error_is_reported_not_raised(model_dir: Path, hf_tokens: list
 
 
 def test_abort_frees_the_request(model_dir: Path, hf_tokens: list[list[int]]) -> None:
-    core = EngineCore(make_config(model_dir, num_gpu_blocks_override=16))
+    core = EngineCore(eager_config(model_dir, num_gpu_blocks_override=16))
     try:
         core.add_request(request("a", PROMPTS[0], max_tokens=1000 - len(PROMPTS[0])))
         core.add_request(request("b", PROMPTS[2]))
@@ -159,7 +167,6 @@ def test_abort_frees_the_request(model_dir: Path, hf_tokens: list[list[int]]) ->
 def test_smollm2_chat_prompts_match_hf(smollm2_gguf: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from pagedllm.config.engine import EngineConfig
     from pagedllm.config.model import ModelConfig
     from pagedllm.tokenizer import get_tokenizer
 
