@@ -23,6 +23,7 @@ from pagedllm.layers.sampler import Sampler
 from pagedllm.sample.metadata import build_sampling_metadata
 from pagedllm.sample.rejection_sampler import verify
 from pagedllm.spec_decode import DraftLength, make_proposer
+from pagedllm.spec_decode.backoff import DraftBackoff
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.draft_model import DraftModelProposer
 from pagedllm.worker.eagle import EagleProposer, TargetStep
@@ -108,10 +109,9 @@ class SpecDecodeRunner:
         self.max_model_len = max_model_len
         # The requests that sampled in the last step: the ones to draft for.
         self.sampled_req_ids: list[str] = []
-        # Per request: moving average of the fraction of its drafts accepted. A request drafts
-        # k x that (at least 1), so where drafts keep failing (open-ended text) it verifies 1 token
-        # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
-        self.acceptance: dict[str, float] = {}
+        # Per request: the draft length from its acceptance, and (cheap drafters only) the pauses
+        # where drafting does not pay for its verification.
+        self.backoff = DraftBackoff(pausing=self.proposer is not None)
 
     def load_model(self, target: nn.Module) -> None:
         if isinstance(self.model_drafter, EagleProposer):
@@ -159,7 +159,7 @@ class SpecDecodeRunner:
 
     def forget(self, batch: InputBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
-        self.acceptance.pop(req_id, None)
+        self.backoff.forget(req_id)
         if self.model_drafter is not None:
             self.model_drafter.forget(req_id)
             return
@@ -185,7 +185,9 @@ class SpecDecodeRunner:
             if params is not None and params.max_tokens is not None:
                 # Accepted drafts plus the target's own token must fit in max_tokens.
                 room = min(room, params.max_tokens - (n - int(batch.num_prompt_tokens[row])) - 1)
-            k_req = min(max(1, round(k * self.acceptance.get(req_id, 1.0))), room)
+            k_req = min(self.backoff.num_drafts(req_id, k), room)
+            if k_req <= 0:
+                continue
             temperature = 0.0 if params is None else params.temperature
             requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
         if self.model_drafter is not None:
@@ -284,8 +286,7 @@ class SpecDecodeRunner:
         for req_id, tokens in zip(req_ids, verified.token_ids):
             d = drafts.get(req_id)
             if d:
-                rate = (len(tokens) - 1) / len(d)
-                self.acceptance[req_id] = 0.5 * self.acceptance.get(req_id, 1.0) + 0.5 * rate
+                self.backoff.observe(req_id, len(d), len(tokens) - 1)
         for row, tokens in zip(rows.tolist(), verified.token_ids):
             n = int(batch.num_tokens[row])
             batch.token_ids[row, n : n + len(tokens)] = tokens
