@@ -7,7 +7,8 @@ where drafts keep failing verifies one extra row instead of k.
 
 The back-off (n-gram and suffix drafting only): drafting n tokens is expected to add
 ``a + a^2 + ... + a^n`` tokens to a step, and verifying them costs about ``VERIFY_OVERHEAD`` of a
-plain decode step (the target's forward of 1 + n rows against 1 row). When the expected gain is below
+plain decode step (the target's forward of 1 + n rows against 1 row; `VerifyCost` measures it as the
+engine runs, since it differs by machine, load, threads and dtype). When the expected gain is below
 that overhead the request drafts nothing for ``FIRST_PAUSE`` steps, then probes: it drafts again, and
 the verification's result decides. If the gain (with the probe's acceptance folded into ``a``) clears
 the overhead the probe succeeded: the request drafts on, and its next pause is FIRST_PAUSE again.
@@ -26,14 +27,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A verification step of 1 + n rows (n <= 8, the skinny-GEMM range where each weight is streamed once)
-# costs this much more than a one-row decode step, as a fraction of the one-row step. Measured on the
-# 2-core AVX2 EPYC, SmolLM2-135M float32 at the compiled default (benchmarks/RESULTS.md, issue 20).
+# What a decode step that verifies drafts costs more than one that does not, as a fraction of the latter,
+# until `VerifyCost` has measured both. 0.2-0.5 on the quiet 2-core AVX2 EPYC (SmolLM2-135M float32,
+# compiled default: 5-7 rows cost 1.2-1.5x a plain step); 1.8 there under a load average of 6 with one
+# thread (`benchmarks/verify_overhead.py`: the plain steps take the native one-row path, verification
+# the compiled one), and ~4 in bf16 without AMX: hence the measurement.
 VERIFY_OVERHEAD = 0.3
+# Weight of the newest step in the moving averages of the step times, and the most a step counts for
+# (as a multiple of the average so far: a step that compiled a new shape is not the cost of the next).
+COST_WEIGHT = 0.1
+COST_CLIP = 2.0
 FIRST_PAUSE = 4
 MAX_PAUSE = 32
 # Weight of the newest verification in the moving average of the acceptance.
 ACCEPTANCE_WEIGHT = 0.5
+
+
+class VerifyCost:
+    """The verification overhead as this engine measures it: moving averages of the seconds of pure
+    decode steps (no prefill) that verified drafts and of those that did not, at each batch size. The
+    overhead at a batch size is verified / plain - 1 once both are known, else ``prior``."""
+
+    def __init__(self, prior: float = VERIFY_OVERHEAD) -> None:
+        self.prior = prior
+        self.plain: dict[int, float] = {}
+        self.verify: dict[int, float] = {}
+
+    def observe(self, num_reqs: int, verified: bool, seconds: float) -> None:
+        averages = self.verify if verified else self.plain
+        old = averages.get(num_reqs)
+        averages[num_reqs] = seconds if old is None else old + COST_WEIGHT * (min(seconds, COST_CLIP * old) - old)
+
+    def overhead(self, num_reqs: int) -> float:
+        plain, verify = self.plain.get(num_reqs), self.verify.get(num_reqs)
+        if plain is None or verify is None:
+            return self.prior
+        return max(0.0, verify / plain - 1.0)
 
 
 def expected_gain(acceptance: float, num_drafts: int) -> float:
@@ -61,7 +90,8 @@ class _RequestState:
 
 class DraftBackoff:
     """The per-request draft length (``num_drafts``, asked once per step for each request that may
-    draft) and its update from each verification (``observe``). ``pausing`` turns the back-off on."""
+    draft) and its update from each verification (``observe``). ``pausing`` turns the back-off on;
+    ``overhead`` is the current verification overhead (the runner sets it from `VerifyCost`)."""
 
     def __init__(self, pausing: bool, overhead: float = VERIFY_OVERHEAD) -> None:
         self.pausing = pausing

@@ -15,7 +15,15 @@ import pytest
 from tiny_llm import make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.spec_decode.backoff import FIRST_PAUSE, MAX_PAUSE, DraftBackoff, expected_gain
+from pagedllm.spec_decode.backoff import (
+    COST_CLIP,
+    FIRST_PAUSE,
+    MAX_PAUSE,
+    VERIFY_OVERHEAD,
+    DraftBackoff,
+    VerifyCost,
+    expected_gain,
+)
 
 
 def _run_rule(backoff: DraftBackoff, steps: int, accept: Callable[[int], bool], k: int = 4) -> list[int]:
@@ -80,6 +88,24 @@ def test_accepted_drafts_keep_drafting_and_model_drafters_never_pause() -> None:
     assert backoff.num_drafts("r", 4) == 4
 
 
+def test_verify_cost_measures_the_overhead_per_batch_size() -> None:
+    cost = VerifyCost()
+    cost.observe(1, False, 0.10)
+    assert cost.overhead(1) == VERIFY_OVERHEAD  # until both kinds of step are timed
+    cost.observe(1, True, 0.25)
+    assert cost.overhead(1) == pytest.approx(1.5)
+    assert cost.overhead(2) == VERIFY_OVERHEAD
+    # A step far slower than the average so far (a shape compiling) counts as COST_CLIP x the average.
+    before = cost.verify[1]
+    cost.observe(1, True, 100.0)
+    assert cost.verify[1] == pytest.approx(before + 0.1 * (COST_CLIP - 1) * before)
+    # Verification as cheap as a plain step: no overhead (never negative).
+    cheap = VerifyCost()
+    cheap.observe(3, False, 0.2)
+    cheap.observe(3, True, 0.1)
+    assert cheap.overhead(3) == 0.0
+
+
 # --- Through the engine -------------------------------------------------------------------------------
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Paged attention stores keys", "Hello, world!"]
@@ -133,6 +159,7 @@ def _scripted_run(
     llm = _llm(model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     spec = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec
     spec.proposer = ScriptedProposer(*reference, right)
+    spec.cost = None  # no timing: the overhead stays VERIFY_OVERHEAD (step times on busy cores vary)
     counts = {"steps": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
     original_step = llm.llm_engine.step
 
@@ -177,3 +204,12 @@ def test_always_accepted_keeps_drafting(model_dir: Path, reference: Any) -> None
     # (fewer at the end, within max_tokens), so 47 tokens after the first in 10 steps.
     assert counts["drafts"] == counts["steps"] - 1 == 10, counts
     assert counts["accepted"] == counts["draft_tokens"] == MAX_TOKENS - 1 - counts["drafts"], counts
+
+
+def test_the_runner_times_plain_and_verifying_steps(model_dir: Path) -> None:
+    llm = _llm(model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1})
+    spec = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec
+    llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)
+    # One request: its decode steps with and without drafts were timed, and the overhead is their ratio.
+    assert set(spec.cost.plain) == set(spec.cost.verify) == {1}
+    assert spec.cost.overhead(1) == pytest.approx(max(0.0, spec.cost.verify[1] / spec.cost.plain[1] - 1))
