@@ -2,8 +2,8 @@
 `grounded` and `chat` prompts, each engine step timed and grouped by how many drafts it verified.
 Steps that verified none (no match, or the request backed off) are plain one-row decode steps of the
 same process, so the ratio needs no second run. Prints, per number of drafts n, the steps, the median
-step time and its excess over the plain step as a fraction of it: the `VERIFY_OVERHEAD` of
-`pagedllm/spec_decode/backoff.py`.
+step time and its excess over the plain step as a fraction of it: what `VerifyCost` in
+`pagedllm/spec_decode/backoff.py` measures as the engine runs (`VERIFY_OVERHEAD` until it has).
 
 Run: `PYTHONPATH=$PWD python benchmarks/verify_overhead.py [--num-prompts 4] [--output-len 64]
 [engine args, e.g. --enforce-eager]`.
