@@ -8,10 +8,12 @@
  *
  *     sum_j w_j a_j = da * sum_{h in halves} (scale_h * sum_{j in h} q_j a_j  -  min_h * sum_{j in h} a_j)
  *
- * Paths: AVX2 (all of this file's vector code), whose u8 x s8 multiply-adds become one `vpdpbusd`
- * where the CPU has AVX-512 VNNI (compiled only then, by -march=native), and portable C that is only
- * slower. Q4_0, Q4_1 and Q8_0 (the common small-model types) have their own AVX2 unpacking; the
- * others unpack through the generic per-type C below, which the compiler vectorizes.
+ * Every block is unpacked as unsigned bytes (Q8_0: signed) with one scale and one minimum per half:
+ * the bytes by `unpack_q` (portable C) or `unpack_q8x32` (AVX2, every type), the scales by
+ * `block_scales` (shared). Paths: AVX2, whose u8 x s8 multiply-adds become one `vpdpbusd` where the
+ * CPU has AVX-512 VNNI (compiled only then, by -march=native), and portable C that is only slower
+ * (tests build it without -march=native and compare). The per-block loops are specialized per type
+ * (`for_each_type`), so the type switches fold away inside them.
  * F32/F16/BF16 weights are multiplied in float (no activation quantization).
  *
  * Also: rows dequantized to float32 or bfloat16 (the batched path's tiles, the embedding's gather).
@@ -72,58 +74,30 @@ INLINE void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
     }
 }
 
-/* Unpack 32-element block b of a quantized row: value_j = sc[j/16] * q_j - mn[j/16]. */
-static void unpack32(int t, const uint8_t *row, int64_t b, int8_t *q, float *sc, float *mn) {
+/* The scale and minimum of each 16-element half of 32-element block b of a quantized row, for the
+ * bytes q that `unpack_q` gives: value_j = sc[j/16] * q_j - mn[j/16]. The offsets of the symmetric
+ * types (Q4_0's 8, Q3_K's 4, ...) are minimums, so that q is unsigned for every type but Q8_0. */
+INLINE void block_scales(int t, const uint8_t *row, int64_t b, float *sc, float *mn) {
+    int64_t s = b / 8; /* K-quants: sub-block j of super-block s */
+    int j = (int)(b % 8), n = j / 4, k = j % 4;
     const uint8_t *p;
     switch (t) {
-    case Q4_0: case Q4_1: {
-        p = row + b * (t == Q4_0 ? 18 : 20);
-        float d = rd_f16(p), m = t == Q4_1 ? rd_f16(p + 2) : 0.0f;
-        const uint8_t *qs = p + (t == Q4_0 ? 2 : 4);
-        int off = t == Q4_0 ? 8 : 0;
-        for (int l = 0; l < 16; l++) {
-            q[l] = (int8_t)((qs[l] & 0xF) - off);
-            q[l + 16] = (int8_t)((qs[l] >> 4) - off);
-        }
+    case Q4_0: case Q5_0: case Q8_0: {
+        float d = rd_f16(row + b * block_bytes(t));
         sc[0] = sc[1] = d;
-        mn[0] = mn[1] = -m;
+        mn[0] = mn[1] = t == Q4_0 ? 8.0f * d : t == Q5_0 ? 16.0f * d : 0.0f;
         return;
     }
-    case Q5_0: case Q5_1: {
-        p = row + b * (t == Q5_0 ? 22 : 24);
-        float d = rd_f16(p), m = t == Q5_1 ? rd_f16(p + 2) : 0.0f;
-        const uint8_t *qhp = p + (t == Q5_0 ? 2 : 4), *qs = qhp + 4;
-        uint32_t qh;
-        memcpy(&qh, qhp, 4);
-        int off = t == Q5_0 ? 16 : 0;
-        for (int l = 0; l < 16; l++) {
-            q[l] = (int8_t)(((qs[l] & 0xF) | (((qh >> l) & 1) << 4)) - off);
-            q[l + 16] = (int8_t)(((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - off);
-        }
-        sc[0] = sc[1] = d;
-        mn[0] = mn[1] = -m;
-        return;
-    }
-    case Q8_0: {
-        p = row + b * 34;
+    case Q4_1: case Q5_1:
+        p = row + b * block_bytes(t);
         sc[0] = sc[1] = rd_f16(p);
-        mn[0] = mn[1] = 0.0f;
-        memcpy(q, p + 2, 32);
+        mn[0] = mn[1] = -rd_f16(p + 2);
         return;
-    }
-    default: break;
-    }
-    /* K-quants: sub-block j of super-block s. */
-    int64_t s = b / 8;
-    int j = (int)(b % 8), n = j / 4, k = j % 4;
-    switch (t) {
     case Q2_K: {
         p = row + s * 84;
-        const uint8_t *scales = p, *qs = p + 16 + 32 * n;
         float d = rd_f16(p + 80), dmin = rd_f16(p + 82);
-        for (int l = 0; l < 32; l++) q[l] = (int8_t)((qs[l] >> (2 * k)) & 3);
         for (int h = 0; h < 2; h++) {
-            uint8_t v = scales[8 * n + 2 * k + h];
+            uint8_t v = p[8 * n + 2 * k + h];
             sc[h] = d * (v & 0xF);
             mn[h] = dmin * (v >> 4);
         }
@@ -131,48 +105,31 @@ static void unpack32(int t, const uint8_t *row, int64_t b, int8_t *q, float *sc,
     }
     case Q3_K: {
         p = row + s * 110;
-        const uint8_t *hmask = p, *qs = p + 32 + 32 * n, *packed = p + 96;
+        const uint8_t *packed = p + 96;
         float d = rd_f16(p + 108);
-        uint8_t m = (uint8_t)(1u << (4 * n + k));
-        for (int l = 0; l < 32; l++)
-            q[l] = (int8_t)(((qs[l] >> (2 * k)) & 3) - ((hmask[l] & m) ? 0 : 4));
         for (int h = 0; h < 2; h++) {
-            int i = 8 * n + 2 * k + h, v; /* 6-bit scale i: low 4 bits, then 2 high bits */
+            int i = 8 * n + 2 * k + h; /* 6-bit scale i: low 4 bits, then 2 high bits */
             int lo = i < 8 ? packed[i] & 0xF : packed[i - 8] >> 4;
             int hi = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-            v = (lo | (hi << 4)) - 32;
-            sc[h] = d * v;
-            mn[h] = 0.0f;
+            sc[h] = d * ((lo | (hi << 4)) - 32);
+            mn[h] = 4.0f * sc[h];
         }
         return;
     }
     case Q4_K: case Q5_K: {
-        int q5 = t == Q5_K;
-        p = row + s * (q5 ? 176 : 144);
-        float d = rd_f16(p), dmin = rd_f16(p + 2);
-        const uint8_t *scales = p + 4, *qh = p + 16, *qs = p + (q5 ? 48 : 16) + 32 * (j / 2);
-        int shift = 4 * (j % 2), scv, mnv;
-        for (int l = 0; l < 32; l++) {
-            int v = (qs[l] >> shift) & 0xF;
-            if (q5) v |= ((qh[l] >> j) & 1) << 4;
-            q[l] = (int8_t)v;
-        }
-        scale_min_k4(j, scales, &scv, &mnv);
-        sc[0] = sc[1] = d * scv;
-        mn[0] = mn[1] = dmin * mnv;
+        p = row + s * block_bytes(t);
+        int scv, mnv;
+        scale_min_k4(j, p + 4, &scv, &mnv);
+        sc[0] = sc[1] = rd_f16(p) * scv;
+        mn[0] = mn[1] = rd_f16(p + 2) * mnv;
         return;
     }
     case Q6_K: {
         p = row + s * 210;
-        const uint8_t *ql = p + 64 * n + 32 * (k & 1), *qh = p + 128 + 32 * n;
-        const int8_t *scales = (const int8_t *)(p + 192);
         float d = rd_f16(p + 208);
-        int nib = 4 * (k >> 1);
-        for (int l = 0; l < 32; l++)
-            q[l] = (int8_t)((((ql[l] >> nib) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32);
         for (int h = 0; h < 2; h++) {
-            sc[h] = d * scales[8 * n + 2 * k + h];
-            mn[h] = 0.0f;
+            sc[h] = d * (int8_t)p[192 + 8 * n + 2 * k + h];
+            mn[h] = 32.0f * sc[h];
         }
         return;
     }
@@ -180,11 +137,54 @@ static void unpack32(int t, const uint8_t *row, int64_t b, int8_t *q, float *sc,
     }
 }
 
-/* Row r of a float-typed weight as float32 (k elements). */
-static void float_row(int t, const uint8_t *row, int64_t k, float *out) {
-    if (t == F32) { memcpy(out, row, k * 4); return; }
-    const uint16_t *h = (const uint16_t *)row;
-    for (int64_t i = 0; i < k; i++) out[i] = t == F16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
+/* The 32 quantized values of block b of a row (see block_scales), in element order. */
+INLINE void unpack_q(int t, const uint8_t *row, int64_t b, int8_t *q) {
+    int64_t s = b / 8;
+    int j = (int)(b % 8), n = j / 4, k = j % 4;
+    const uint8_t *p = row + (block_elems(t) == 32 ? b : s) * block_bytes(t);
+    switch (t) {
+    case Q4_0: case Q4_1: {
+        const uint8_t *qs = p + (t == Q4_0 ? 2 : 4);
+        for (int l = 0; l < 16; l++) {
+            q[l] = (int8_t)(qs[l] & 0xF);
+            q[l + 16] = (int8_t)(qs[l] >> 4);
+        }
+        return;
+    }
+    case Q5_0: case Q5_1: {
+        const uint8_t *qhp = p + (t == Q5_0 ? 2 : 4), *qs = qhp + 4;
+        uint32_t qh;
+        memcpy(&qh, qhp, 4);
+        for (int l = 0; l < 16; l++) {
+            q[l] = (int8_t)((qs[l] & 0xF) | (((qh >> l) & 1) << 4));
+            q[l + 16] = (int8_t)((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4));
+        }
+        return;
+    }
+    case Q8_0: memcpy(q, p + 2, 32); return;
+    case Q2_K:
+        for (int l = 0; l < 32; l++) q[l] = (int8_t)((p[16 + 32 * n + l] >> (2 * k)) & 3);
+        return;
+    case Q3_K: {
+        uint8_t m = (uint8_t)(1u << (4 * n + k));
+        for (int l = 0; l < 32; l++)
+            q[l] = (int8_t)(((p[32 + 32 * n + l] >> (2 * k)) & 3) | ((p[l] & m) ? 4 : 0));
+        return;
+    }
+    case Q4_K: case Q5_K: {
+        int q5 = t == Q5_K, shift = 4 * (j % 2);
+        const uint8_t *qs = p + (q5 ? 48 : 16) + 32 * (j / 2), *qh = p + 16;
+        for (int l = 0; l < 32; l++) q[l] = (int8_t)(((qs[l] >> shift) & 0xF) | (q5 ? ((qh[l] >> j) & 1) << 4 : 0));
+        return;
+    }
+    case Q6_K: {
+        const uint8_t *ql = p + 64 * n + 32 * (k & 1), *qh = p + 128 + 32 * n;
+        int nib = 4 * (k >> 1);
+        for (int l = 0; l < 32; l++) q[l] = (int8_t)(((ql[l] >> nib) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4));
+        return;
+    }
+    default: return;
+    }
 }
 
 #ifdef __AVX2__
@@ -194,41 +194,106 @@ INLINE __m256i nibbles(const uint8_t *qs) {
     __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
     return _mm256_and_si256(both, _mm256_set1_epi8(0xF));
 }
-/* out[0..32) = d * q + m for 32 signed bytes q. */
-INLINE void store_block(__m256i q, float d, float m, float *out) {
-    __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
-    __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-    for (int h = 0; h < 2; h++) {
-        __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
-        __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
-        _mm256_storeu_ps(out + 16 * h, _mm256_fmadd_ps(lo, vd, vm));
-        _mm256_storeu_ps(out + 16 * h + 8, _mm256_fmadd_ps(hi, vd, vm));
+/* Byte l of the result: 0xFF where bit l of the 32 bits at p is set, else 0. */
+INLINE __m256i bit_bytes(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), spread);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+}
+/* Bytes of v shifted right by `by` bits and masked: their own bits only (16-bit lanes leak the
+ * neighbour's bits into the top, which the mask clears). */
+INLINE __m256i field(__m256i v, int by, int mask) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(by)), _mm256_set1_epi8((char)mask));
+}
+/* Where bit `m` of each byte of v is set: `value`, else 0. */
+INLINE __m256i flag(__m256i v, int m, int value) {
+    __m256i mv = _mm256_set1_epi8((char)m);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, mv), mv), _mm256_set1_epi8((char)value));
+}
+#define LOAD32(p) _mm256_loadu_si256((const __m256i *)(p))
+
+/* unpack_q in one register. */
+INLINE __m256i unpack_q8x32(int t, const uint8_t *row, int64_t b) {
+    int64_t s = b / 8;
+    int j = (int)(b % 8), n = j / 4, k = j % 4;
+    const uint8_t *p = row + (block_elems(t) == 32 ? b : s) * block_bytes(t);
+    switch (t) {
+    case Q4_0: return nibbles(p + 2);
+    case Q4_1: return nibbles(p + 4);
+    case Q5_0: case Q5_1: {
+        const uint8_t *qh = p + (t == Q5_0 ? 2 : 4);
+        return _mm256_or_si256(nibbles(qh + 4), _mm256_and_si256(bit_bytes(qh), _mm256_set1_epi8(0x10)));
+    }
+    case Q8_0: return LOAD32(p + 2);
+    case Q2_K: return field(LOAD32(p + 16 + 32 * n), 2 * k, 3);
+    case Q3_K: return _mm256_or_si256(field(LOAD32(p + 32 + 32 * n), 2 * k, 3), flag(LOAD32(p), 1 << (4 * n + k), 4));
+    case Q4_K: return field(LOAD32(p + 16 + 32 * (j / 2)), 4 * (j % 2), 0xF);
+    case Q5_K:
+        return _mm256_or_si256(field(LOAD32(p + 48 + 32 * (j / 2)), 4 * (j % 2), 0xF), flag(LOAD32(p + 16), 1 << j, 0x10));
+    case Q6_K: {
+        __m256i lo = field(LOAD32(p + 64 * n + 32 * (k & 1)), 4 * (k >> 1), 0xF);
+        return _mm256_or_si256(lo, _mm256_slli_epi16(field(LOAD32(p + 128 + 32 * n), 2 * k, 3), 4));
+    }
+    default: return _mm256_setzero_si256();
     }
 }
 #endif
 
+/* Row r of a float-typed weight as float32 (k elements). */
+static void float_row(int t, const uint8_t *row, int64_t k, float *out) {
+    if (t == F32) { memcpy(out, row, k * 4); return; }
+    const uint16_t *h = (const uint16_t *)row;
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= k; i += 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+        __m256 f = t == F16 ? _mm256_cvtph_ps(v) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+        _mm256_storeu_ps(out + i, f);
+    }
+#endif
+    for (; i < k; i++) out[i] = t == F16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
+}
+
+/* The quantized types, each a case calling BODY(type) with the type a constant, so that the inlined
+ * per-block code is specialized for it. */
+#define for_each_type(t, BODY)                                                                        \
+    switch (t) {                                                                                      \
+    case Q4_0: BODY(Q4_0); case Q4_1: BODY(Q4_1); case Q5_0: BODY(Q5_0); case Q5_1: BODY(Q5_1);       \
+    case Q8_0: BODY(Q8_0); case Q2_K: BODY(Q2_K); case Q3_K: BODY(Q3_K); case Q4_K: BODY(Q4_K);       \
+    case Q5_K: BODY(Q5_K); case Q6_K: BODY(Q6_K); default: break;                                     \
+    }
+
+INLINE void dequant_blocks(int t, const uint8_t *row, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float sc[2], mn[2];
+        block_scales(t, row, b, sc, mn);
+#ifdef __AVX2__
+        __m256i q = unpack_q8x32(t, row, b);
+        __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        for (int h = 0; h < 2; h++) {
+            __m256 vs = _mm256_set1_ps(sc[h]), vm = _mm256_set1_ps(mn[h]);
+            __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
+            __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
+            _mm256_storeu_ps(out + 32 * b + 16 * h, _mm256_fmsub_ps(lo, vs, vm));
+            _mm256_storeu_ps(out + 32 * b + 16 * h + 8, _mm256_fmsub_ps(hi, vs, vm));
+        }
+#else
+        int8_t q[32];
+        unpack_q(t, row, b, q);
+        for (int l = 0; l < 32; l++) out[32 * b + l] = sc[l / 16] * q[l] - mn[l / 16];
+#endif
+    }
+}
+
 /* A row of k elements dequantized to float32. */
 static void dequant_row(int t, const uint8_t *row, int64_t k, float *out) {
     if (is_float_type(t)) { float_row(t, row, k, out); return; }
-#ifdef __AVX2__
-    if (t == Q4_0 || t == Q4_1 || t == Q8_0) {
-        int64_t bb = block_bytes(t);
-        for (int64_t b = 0; b < k / 32; b++) {
-            const uint8_t *p = row + b * bb;
-            float d = rd_f16(p);
-            if (t == Q8_0) store_block(_mm256_loadu_si256((const __m256i *)(p + 2)), d, 0.0f, out + 32 * b);
-            else if (t == Q4_1) store_block(nibbles(p + 4), d, rd_f16(p + 2), out + 32 * b);
-            else store_block(nibbles(p + 2), d, -8.0f * d, out + 32 * b);
-        }
-        return;
-    }
-#endif
-    int8_t q[32];
-    float sc[2], mn[2];
-    for (int64_t b = 0; b < k / 32; b++) {
-        unpack32(t, row, b, q, sc, mn);
-        for (int l = 0; l < 32; l++) out[32 * b + l] = sc[l / 16] * q[l] - mn[l / 16];
-    }
+#define DEQUANT(T) dequant_blocks(T, row, k, out); return;
+    for_each_type(t, DEQUANT)
+#undef DEQUANT
 }
 
 INLINE void store_out(void *out, int64_t i, float v, int bf16) {
@@ -242,12 +307,12 @@ INLINE void store_out(void *out, int64_t i, float v, int bf16) {
 int gguf_dequantize_rows(int t, const uint8_t *w, int64_t nrows, int64_t k, const int64_t *ids, int64_t n,
                          void *out, int out_bf16) {
     int64_t rb = gguf_row_bytes(t, k);
-    if (!rb) return -1;
+    if (!rb || (!is_float_type(t) && k % 32)) return -1;
     for (int64_t i = 0; ids && i < n; i++)
         if (ids[i] < 0 || ids[i] >= nrows) return -2;
 #pragma omp parallel
     {
-        float *tmp = malloc(k * sizeof(float));
+        float *tmp = out_bf16 ? malloc(k * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i++) {
             const uint8_t *row = w + (ids ? ids[i] : i) * rb;
@@ -264,12 +329,11 @@ int gguf_dequantize_rows(int t, const uint8_t *w, int64_t nrows, int64_t k, cons
 }
 
 /* Activations quantized per 32-element block: int8 values, the block's scale and the integer sum of
- * each 16-element half. */
+ * each 16-element half (for the minimums). */
 typedef struct {
     int8_t *q;
     float *d;
     int32_t *s16;
-    float *sum; /* d times the block's sum */
 } QAct;
 
 static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int32_t *s16) {
@@ -301,49 +365,70 @@ INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
 }
 #endif
 
-/* sum_j w_j x_j over a quantized row (k elements) against one quantized activation row (`asum`: each
- * block's scale times the sum of its values, for the types with a minimum or an offset). */
-static float dot_row(int t, const uint8_t *row, int64_t k, const int8_t *aq, const float *ad,
-                     const int32_t *as, const float *asum) {
+/* Activation rows dotted with each weight row in one pass: each block is unpacked once for all. */
+#define DOT_ROWS 4
+
+/* sum_j w_j x_j of a quantized row (k elements) with each of `mr` (<= DOT_ROWS) quantized activation
+ * rows (consecutive in aq, ad, as) into res[0..mr): per block,
+ * da * (sum_h sc_h * sum_{j in h} q_j a_j  -  sum_h mn_h * sum_{j in h} a_j). */
+INLINE void dot_blocks(int t, int mr, const uint8_t *row, int64_t k, const int8_t *aq, const float *ad,
+                       const int32_t *as, float *res) {
     int64_t nb = k / 32;
+    float minimums[DOT_ROWS] = {0};
 #ifdef __AVX2__
-    if (t == Q4_0 || t == Q4_1 || t == Q8_0) {
-        /* Two accumulators: consecutive blocks' multiply-adds do not wait on each other. */
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        float offset = 0.0f;
-        int64_t bb = block_bytes(t), qs_at = t == Q4_1 ? 4 : 2;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *p = row + b * bb;
-            __m256i a = _mm256_loadu_si256((const __m256i *)(aq + 32 * b));
-            __m256i sums;
-            float d = rd_f16(p);
-            if (t == Q8_0) { /* signed x signed: |w| times a with w's sign */
-                __m256i w = _mm256_loadu_si256((const __m256i *)(p + 2));
-                sums = dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
-            } else {
-                sums = dot_u8s8(nibbles(p + qs_at), a);
-                /* Q4_0: w = d (n - 8); Q4_1: w = d n + m. */
-                offset += asum[b] * (t == Q4_0 ? -8.0f * d : rd_f16(p + 2));
-            }
-            __m256 prod = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(d * ad[b]));
-            if (b & 1) acc1 = _mm256_add_ps(acc1, prod);
-            else acc0 = _mm256_add_ps(acc0, prod);
-        }
-        return hsum8(_mm256_add_ps(acc0, acc1)) + offset;
-    }
+    __m256 acc[DOT_ROWS];
+    for (int m = 0; m < mr; m++) acc[m] = _mm256_setzero_ps();
+#else
+    float total[DOT_ROWS] = {0};
 #endif
-    int8_t q[32];
-    float sc[2], mn[2], total = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        unpack32(t, row, b, q, sc, mn);
-        const int8_t *a = aq + 32 * b;
-        int32_t s0 = 0, s1 = 0;
-        for (int l = 0; l < 16; l++) s0 += q[l] * a[l];
-        for (int l = 16; l < 32; l++) s1 += q[l] * a[l];
-        total += ad[b] * (sc[0] * s0 + sc[1] * s1 - mn[0] * as[2 * b] - mn[1] * as[2 * b + 1]);
+        float sc[2], mn[2];
+        block_scales(t, row, b, sc, mn);
+#ifdef __AVX2__
+        __m256i q = unpack_q8x32(t, row, b), uq = t == Q8_0 ? _mm256_sign_epi8(q, q) : q;
+#else
+        int8_t q[32];
+        unpack_q(t, row, b, q);
+#endif
+        for (int m = 0; m < mr; m++) {
+            float da = ad[m * nb + b];
+            minimums[m] += da * (mn[0] * as[m * 2 * nb + 2 * b] + mn[1] * as[m * 2 * nb + 2 * b + 1]);
+#ifdef __AVX2__
+            __m256i a = LOAD32(aq + m * k + 32 * b);
+            /* Q8_0 is signed x signed: |w| times a with w's sign. */
+            __m256i sums = dot_u8s8(uq, t == Q8_0 ? _mm256_sign_epi8(a, q) : a);
+            /* Lanes 0-3 sum the first half's products, lanes 4-7 the second's. */
+            __m256 scale = _mm256_set_m128(_mm_set1_ps(sc[1] * da), _mm_set1_ps(sc[0] * da));
+            acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[m]);
+#else
+            const int8_t *a = aq + m * k + 32 * b;
+            int32_t s0 = 0, s1 = 0;
+            for (int l = 0; l < 16; l++) s0 += q[l] * a[l];
+            for (int l = 16; l < 32; l++) s1 += q[l] * a[l];
+            total[m] += da * (sc[0] * s0 + sc[1] * s1);
+#endif
+        }
     }
-    (void)asum;
-    return total;
+    for (int m = 0; m < mr; m++)
+#ifdef __AVX2__
+        res[m] = hsum8(acc[m]) - minimums[m];
+#else
+        res[m] = total[m] - minimums[m];
+#endif
+}
+
+/* dot_blocks specialized for each type and row count. */
+static void dot_rows(int t, int mr, const uint8_t *row, int64_t k, const int8_t *aq, const float *ad,
+                     const int32_t *as, float *res) {
+#define DOT(T)                                                            \
+    switch (mr) {                                                         \
+    case 1: dot_blocks(T, 1, row, k, aq, ad, as, res); return;            \
+    case 2: dot_blocks(T, 2, row, k, aq, ad, as, res); return;            \
+    case 3: dot_blocks(T, 3, row, k, aq, ad, as, res); return;            \
+    default: dot_blocks(T, DOT_ROWS, row, k, aq, ad, as, res); return;    \
+    }
+    for_each_type(t, DOT)
+#undef DOT
 }
 
 static float dot_float(const float *w, const float *x, int64_t k) {
@@ -376,10 +461,8 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
         a.q = malloc(M * k);
         a.d = malloc(M * (k / 32) * sizeof(float));
         a.s16 = malloc(M * (k / 16) * sizeof(int32_t));
-        a.sum = malloc(M * (k / 32) * sizeof(float));
         for (int64_t m = 0; m < M; m++)
             quantize_row(xf + m * k, k, a.q + m * k, a.d + m * (k / 32), a.s16 + m * (k / 16));
-        for (int64_t b = 0; b < M * (k / 32); b++) a.sum[b] = a.d[b] * (a.s16[2 * b] + a.s16[2 * b + 1]);
     }
 #pragma omp parallel
     {
@@ -390,13 +473,16 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
             while (local >= rows[s]) local -= rows[s++];
             int t = types[s];
             const uint8_t *row = w[s] + local * gguf_row_bytes(t, k);
-            if (is_float_type(t)) float_row(t, row, k, wf);
-            for (int64_t m = 0; m < M; m++) {
-                float v = is_float_type(t)
-                              ? dot_float(wf, xf + m * k, k)
-                              : dot_row(t, row, k, a.q + m * k, a.d + m * (k / 32), a.s16 + m * (k / 16),
-                                        a.sum + m * (k / 32));
-                store_out(y, m * ldy + r, v, y_bf16);
+            if (is_float_type(t)) {
+                float_row(t, row, k, wf);
+                for (int64_t m = 0; m < M; m++) store_out(y, m * ldy + r, dot_float(wf, xf + m * k, k), y_bf16);
+                continue;
+            }
+            for (int64_t m0 = 0; m0 < M; m0 += DOT_ROWS) {
+                int mr = M - m0 < DOT_ROWS ? (int)(M - m0) : DOT_ROWS;
+                float res[DOT_ROWS];
+                dot_rows(t, mr, row, k, a.q + m0 * k, a.d + m0 * (k / 32), a.s16 + m0 * (k / 16), res);
+                for (int m = 0; m < mr; m++) store_out(y, (m0 + m) * ldy + r, res[m], y_bf16);
             }
         }
         free(wf);
@@ -405,7 +491,6 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
     free(a.q);
     free(a.d);
     free(a.s16);
-    free(a.sum);
     return 0;
 }
 
