@@ -21,7 +21,8 @@ from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.quant import base
 
 SOURCE = Path(__file__).with_name("gguf_kernels.c")
-# Included by the source: part of the build's cache key.
+# Included by the source: part of the build's cache key (quant_common.h also by the other quantized kernels).
+BLOCKS = Path(__file__).with_name("gguf_blocks.h")
 QUANT_COMMON = Path(__file__).with_name("quant_common.h")
 _ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX2 + AVX-512 VNNI"}
 _FLOATS = (torch.float32, torch.bfloat16)
@@ -64,7 +65,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 @functools.cache
 def library() -> ctypes.CDLL:
     lib = cpu_decode.load_native(
-        "gguf_kernels", [SOURCE, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
+        "gguf_kernels", [SOURCE, BLOCKS, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
     )
     if lib is None:
         raise RuntimeError(
