@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.layers.quant import fp8
+from pagedllm.layers.quant import fp8, tiles
 from pagedllm.layers.quant.fp8 import FP8, fp8_linear, quantize_rows
 from pagedllm.layers.quant.tiles import tile_rows
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of 64 KB: weights of a few tiles stay small."""
+    monkeypatch.setattr(tiles, "TILE_BYTES", 64 << 10)
 
 
 def test_rows_keep_e4m3_precision_with_one_scale_each() -> None:

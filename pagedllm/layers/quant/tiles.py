@@ -9,9 +9,9 @@ Each tile's product is written in place into its columns of the preallocated out
 of a row-major matrix is a valid GEMM destination: its row stride is the leading dimension), so the
 output is neither concatenated from pieces nor transposed afterwards.
 
-The widening kernels run on one thread: a tile takes ~0.15 ms, and an OpenMP region around it made a
-3072 x 576 Q4_1 weight 48 ms (median) instead of 0.25 ms on this 2-core VM under load, its second
-thread waiting for a core; the GEMMs between the tiles use every thread.
+The widening kernels run on one thread: a 3072 x 576 Q4_1 weight takes 0.25 ms, and an OpenMP region
+around it made it 48 ms (median) on this 2-core VM under load, its second thread waiting for a core;
+the GEMMs between the tiles use every thread.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from collections.abc import Callable
 
 import torch
 
-# The float32 scratch of one tile: small enough to stay in the last-level cache between its
-# widening and its GEMM, large enough that each GEMM call has rows to block over.
-TILE_BYTES = 4 << 20
+# The float32 scratch of one tile (transient: freed with the product's call). Each tile is one GEMM
+# call, and on this 2-core VM under load each call costs more than the cache misses of a large tile
+# (in the GGUF path at 256 rows, medians: SmolLM2's 49152 x 576 Q8_0 LM head 801 / 639 / 594 / 573 ms
+# with 4 / 8 / 16 / 32 MB tiles against 487 ms for one float GEMM; its 3072 x 576 gate/up 53 / 47 / 48
+# / 36 ms against 36 ms): at 32 MB every projection of a small model is one tile, the LM head a few.
+TILE_BYTES = 32 << 20
 
 
 def tile_rows(in_features: int) -> int:
