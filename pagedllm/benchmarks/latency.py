@@ -126,7 +126,6 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
     # As the loaded model holds its weights (quantized layers at their stored size), all ranks' parts.
     weight_bytes = sum(engine.call_utility("collective_rpc", worker_weight_bytes_per_step, (), None, None))
     bandwidth = max(bandwidth, copy_bandwidth())
-    decode_tok_s = args.batch_size * 1000.0 / float(np.median(step_ms))
     limit = bandwidth / weight_bytes
     report = {
         "batch_size": args.batch_size,
@@ -135,24 +134,30 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         "dtype": str(model_config.dtype).removeprefix("torch."),
         "prefill_s_median": float(np.median(prefills)),
         "prefill_tokens_per_s": args.batch_size * args.input_len / float(np.median(prefills)),
-        "decode_step_ms": {f"p{p}": float(np.percentile(step_ms, p)) for p in (50, 90, 99)},
-        "decode_tokens_per_s": decode_tok_s,
+        # None with --output-len 1: the prompt step emits the only token, no decode step runs.
+        "decode_step_ms": None,
+        "decode_tokens_per_s": None,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "rss_after_load_mib": rss_after_load / 2**20,
         "weight_bytes_per_step": weight_bytes,
         "bandwidth_roofline_steps_per_s": limit,
-        "fraction_of_bandwidth_roofline": (1000.0 / float(np.median(step_ms))) / limit,
+        "fraction_of_bandwidth_roofline": None,
     }
     print(
         f"{label} prefill: {report['prefill_s_median'] * 1000:.1f} ms for {args.batch_size}x{args.input_len} "
         f"tokens ({report['prefill_tokens_per_s']:.0f} tok/s)"
     )
-    pct = report["decode_step_ms"]
-    print(
-        f"{label} decode step: p50 {pct['p50']:.2f} ms, p90 {pct['p90']:.2f} ms, p99 {pct['p99']:.2f} ms "
-        f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s from {weight_bytes / 1e6:.1f} MB "
-        f"a step ({report['fraction_of_bandwidth_roofline']:.1%})"
-    )
+    if len(step_ms):
+        pct = report["decode_step_ms"] = {f"p{p}": float(np.percentile(step_ms, p)) for p in (50, 90, 99)}
+        report["decode_tokens_per_s"] = decode_tok_s = args.batch_size * 1000.0 / pct["p50"]
+        report["fraction_of_bandwidth_roofline"] = (1000.0 / pct["p50"]) / limit
+        print(
+            f"{label} decode step: p50 {pct['p50']:.2f} ms, p90 {pct['p90']:.2f} ms, p99 {pct['p99']:.2f} ms "
+            f"-> {decode_tok_s:.1f} tok/s; bandwidth roofline {limit:.1f} steps/s from {weight_bytes / 1e6:.1f} MB "
+            f"a step ({report['fraction_of_bandwidth_roofline']:.1%})"
+        )
+    else:
+        print(f"{label} decode: no decode steps (--output-len {args.output_len})")
     print(f"{label} resident memory after load: {report['rss_after_load_mib']:.0f} MiB (this process)")
     engine.shutdown()
     return report, model_config, prompts
@@ -168,10 +173,10 @@ def run(args: argparse.Namespace) -> int:
         if model_config.gguf_file is None:
             raise SystemExit("--baseline gguf-dequantized needs a GGUF model")
         base, _, _ = measure(dequantized_args(args), "dequantized")
-        report["baselines"] = [{"name": "gguf-dequantized", **base}]
+        ratios = _ratios(report, base)
+        report["baselines"] = [{"name": "gguf-dequantized", **base, **ratios}]
         print(
-            f"quantized vs dequantized: prefill {report['prefill_tokens_per_s'] / base['prefill_tokens_per_s']:.2f}x, "
-            f"decode {report['decode_tokens_per_s'] / base['decode_tokens_per_s']:.2f}x"
+            f"quantized vs dequantized: prefill {ratios['prefill_ratio']:.2f}x, decode {_times(ratios['decode_ratio'])}"
         )
     elif args.baseline == "llama.cpp":
         report["baselines"] = [_llama_cpp_baseline(args, model_config, prompts, report)]
@@ -181,24 +186,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ratio(ours: dict, theirs: dict, key: str) -> float | None:
+    """ours[key] / theirs[key], None where either side has no figure (no decode steps)."""
+    return ours[key] / theirs[key] if ours[key] is not None and theirs[key] is not None else None
+
+
+def _ratios(ours: dict, theirs: dict) -> dict[str, float | None]:
+    return {
+        "prefill_ratio": _ratio(ours, theirs, "prefill_tokens_per_s"),
+        "decode_ratio": _ratio(ours, theirs, "decode_tokens_per_s"),
+    }
+
+
+def _times(ratio: float | None) -> str:
+    return f"{ratio:.2f}x" if ratio is not None else "no decode steps"
+
+
+def _compared(row: dict) -> str:
+    """A baseline's figures and pagedllm's ratios to them, for the console."""
+    return (
+        f"prefill {row['prefill_tokens_per_s']:.0f} tok/s (pagedllm {row['prefill_ratio']:.2f}x), "
+        f"decode {row['decode_tokens_per_s']:.1f} tok/s (pagedllm {_times(row['decode_ratio'])})"
+    )
+
+
 def _llama_cpp_baseline(args: argparse.Namespace, model_config, prompts: list[list[int]], ours: dict) -> dict:
     if model_config.gguf_file is None or args.batch_size != 1:
         raise SystemExit("--baseline llama.cpp needs a GGUF model and --batch-size 1")
     res = run_llama_cpp_latency(model_config.gguf_file, prompts[0], args.output_len, args.num_iters)
-    prefill_tok_s, decode_tok_s = args.input_len / res.prefill_s, 1.0 / res.decode_step_s
-    print(
-        f"llama.cpp ({res.threads} threads): prefill {prefill_tok_s:.0f} tok/s "
-        f"(pagedllm {ours['prefill_tokens_per_s'] / prefill_tok_s:.2f}x), decode {decode_tok_s:.1f} tok/s "
-        f"(pagedllm {ours['decode_tokens_per_s'] / decode_tok_s:.2f}x)"
-    )
-    return {
-        "name": "llama.cpp",
-        "threads": res.threads,
-        "prefill_tokens_per_s": prefill_tok_s,
-        "decode_tokens_per_s": decode_tok_s,
-        "prefill_ratio": ours["prefill_tokens_per_s"] / prefill_tok_s,
-        "decode_ratio": ours["decode_tokens_per_s"] / decode_tok_s,
-    }
+    theirs = {"prefill_tokens_per_s": args.input_len / res.prefill_s, "decode_tokens_per_s": 1.0 / res.decode_step_s}
+    row = {"name": "llama.cpp", "threads": res.threads, **theirs, **_ratios(ours, theirs)}
+    print(f"llama.cpp ({res.threads} threads): {_compared(row)}")
+    return row
 
 
 def _hf_baselines(
@@ -209,22 +228,13 @@ def _hf_baselines(
     rows: list[dict[str, float | str]] = []
     for name, model in hf_models(model_config, args.hf_dtypes):
         res = run_hf_latency(model, prompts, args.output_len)
-        prefill_tok_s = args.batch_size * args.input_len / res.prefill_s
-        decode_tok_s = args.batch_size / res.decode_step_s
-        print(
-            f"HF transformers {name}: prefill {prefill_tok_s:.0f} tok/s "
-            f"(pagedllm {ours['prefill_tokens_per_s'] / prefill_tok_s:.2f}x), decode {decode_tok_s:.1f} tok/s "
-            f"(pagedllm {ours['decode_tokens_per_s'] / decode_tok_s:.2f}x)"
-        )
-        rows.append(
-            {
-                "dtype": name,
-                "prefill_tokens_per_s": prefill_tok_s,
-                "decode_tokens_per_s": decode_tok_s,
-                "prefill_ratio": ours["prefill_tokens_per_s"] / prefill_tok_s,
-                "decode_ratio": ours["decode_tokens_per_s"] / decode_tok_s,
-            }
-        )
+        theirs = {
+            "prefill_tokens_per_s": args.batch_size * args.input_len / res.prefill_s,
+            "decode_tokens_per_s": args.batch_size / res.decode_step_s,
+        }
+        row: dict = {"dtype": name, **theirs, **_ratios(ours, theirs)}
+        print(f"HF transformers {name}: {_compared(row)}")
+        rows.append(row)
     return rows
 
 

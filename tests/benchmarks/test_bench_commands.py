@@ -98,6 +98,19 @@ def test_latency_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
     assert hf["decode_ratio"] == pytest.approx(report["decode_tokens_per_s"] / hf["decode_tokens_per_s"])
 
 
+def test_latency_of_the_prompt_step_alone(model_dir: Path, tmp_path: Path) -> None:
+    """--output-len 1: the prompt step emits the only token; no decode figures, no crash."""
+    out = tmp_path / "latency.json"
+    args = ["--batch-size", "1", "--input-len", "16", "--output-len", "1", "--num-iters", "1", "--baseline", "hf"]
+    result = bench("latency", "--model", str(model_dir), *ENGINE, *args, "--hf-dtypes", "float32", "--output-json", str(out))
+    report = json.loads(out.read_text())
+    assert report["prefill_tokens_per_s"] == pytest.approx(16 / report["prefill_s_median"])
+    assert report["decode_step_ms"] is None and report["decode_tokens_per_s"] is None
+    (hf,) = report["baselines"]
+    assert hf["decode_ratio"] is None and hf["prefill_ratio"] > 0
+    assert "no decode steps" in result.stdout
+
+
 def test_startup_serves_a_request_and_stops_the_server(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "startup.json"
     before = {p.pid for p in psutil.process_iter()}

@@ -6,13 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedllm.layers.quant import fp8
+from pagedllm.layers.quant import fp8, tiles
 from pagedllm.layers.quant.fp8 import FP8, fp8_linear, quantize_rows
-from pagedllm.layers.quant.tiles import TILE_ROWS
+from pagedllm.layers.quant.tiles import tile_rows
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles of 64 KB: weights of a few tiles stay small."""
+    monkeypatch.setattr(tiles, "TILE_BYTES", 64 << 10)
 
 
 def test_rows_keep_e4m3_precision_with_one_scale_each() -> None:
-    weight = torch.randn(TILE_ROWS + 40, 96) * torch.logspace(-3, 1, TILE_ROWS + 40)[:, None]
+    weight = torch.randn(tile_rows(96) + 40, 96) * torch.logspace(-3, 1, tile_rows(96) + 40)[:, None]
     q, scale = quantize_rows(weight.bfloat16())
     assert q.dtype == FP8 and scale.shape == (weight.shape[0],)
     assert torch.equal(q.float().abs().amax(dim=1), torch.full((weight.shape[0],), 448.0))  # each row's max
@@ -27,7 +33,7 @@ def test_rows_keep_e4m3_precision_with_one_scale_each() -> None:
 @pytest.mark.parametrize("rows", [1, 7, 300])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_product_matches_dequantized_matmul(rows: int, dtype: torch.dtype) -> None:
-    q, scale = quantize_rows(torch.randn(2 * TILE_ROWS + 8, 128))
+    q, scale = quantize_rows(torch.randn(2 * tile_rows(128) + 8, 128))
     x = torch.randn(rows, 128).to(dtype)
     out = fp8_linear(x, q, scale)
     assert out.dtype == dtype and out.shape == (rows, q.shape[0])
@@ -37,7 +43,7 @@ def test_product_matches_dequantized_matmul(rows: int, dtype: torch.dtype) -> No
 
 
 def test_without_the_kernel_torch_widens_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
-    q, scale = quantize_rows(torch.randn(TILE_ROWS + 8, 64))
+    q, scale = quantize_rows(torch.randn(tile_rows(64) + 8, 64))
     x = torch.randn(3, 64)
     assert fp8.library() is not None
     with_kernel = fp8_linear(x, q, scale)

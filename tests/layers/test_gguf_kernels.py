@@ -1,8 +1,14 @@
 """The GGUF block kernels against gguf-py's reference dequantization: rows dequantized exactly, and the
 int8-activation product within its rounding of the float product; the batched (dequantized tiles +
-GEMM) path exact; the op inside torch.compile; bad shapes refused."""
+GEMM) path exact, its tiles spanning the parts of a fused layer; the portable (no AVX2) build the same;
+the op inside torch.compile; bad shapes refused."""
 
 from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from pagedllm.layers.quant import gguf, gguf_native
+from pagedllm.layers.quant import gguf, gguf_native, tiles
 
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]
 # (block bytes, offsets of the float16 scales) of the K-quants gguf-py cannot quantize.
@@ -41,7 +47,11 @@ def _weight(qtype: Q, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Ten
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_kernels_match_gguf_reference(qtype: Q) -> None:
+def test_kernels_match_gguf_reference(qtype: Q, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_kernels(qtype, monkeypatch)
+
+
+def _check_kernels(qtype: Q, monkeypatch: pytest.MonkeyPatch) -> None:
     packed, reference = _weight(qtype, np.random.default_rng(int(qtype)))
     rows = torch.empty(N, K)
     gguf_native.dequantize_rows(packed, int(qtype), K, rows)
@@ -62,10 +72,40 @@ def test_kernels_match_gguf_reference(qtype: Q) -> None:
         # int8 activations: each element rounded to 1/254 of its block's largest; the sum of K such
         # errors is ~0.5% of the largest output for Gaussian inputs, never near 2%.
         assert (out - expected).abs().max() < 0.02 * scale
-    # Many rows: dequantized tiles into the float GEMM, exact up to summation order.
-    xs = torch.randn(gguf.INT8_MAX_ROWS + 5, K, generator=torch.Generator().manual_seed(1))
+    # Many rows: dequantized tiles into the float GEMM, exact up to summation order. Tiles of 7 rows,
+    # so that tiles span the parts' boundary (as a fused q/k/v layer's do); the layer's output is
+    # then sliced by part, as the model splits it.
+    monkeypatch.setattr(tiles, "TILE_BYTES", 7 * K * 4)
+    xs = torch.randn(gguf.int8_max_rows([int(qtype)]) + 5, K, generator=torch.Generator().manual_seed(1))
     many = gguf.gguf_linear(xs, [packed[:20], packed[20:]], [int(qtype)] * 2, N)
-    torch.testing.assert_close(many, xs @ reference.T, atol=1e-4 * (xs @ reference.T).abs().max(), rtol=0)
+    expected = xs @ reference.T
+    for part in (slice(0, 20), slice(20, N)):
+        torch.testing.assert_close(many[:, part], expected[:, part], atol=1e-4 * expected.abs().max(), rtol=0)
+
+
+def test_portable_build_matches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gguf_kernels.c compiled without -march=native (no AVX2 or F16C: the portable C path), every
+    type against the same reference: only slower, never different."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler")
+    library = tmp_path / "gguf_portable.so"
+    subprocess.run(
+        [compiler, "-O2", "-mno-avx2", "-mno-f16c", "-shared", "-fPIC", "-o", str(library), str(gguf_native.SOURCE)],
+        check=True,
+    )
+    lib = gguf_native.bind(ctypes.CDLL(str(library)))
+    assert lib.gguf_kernel_isa() == 0
+    monkeypatch.setattr(gguf_native, "library", lambda: lib)
+    for qtype in TYPES:
+        _check_kernels(qtype, monkeypatch)
+
+
+def test_row_switch_takes_the_smallest_of_the_parts_types(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gguf, "_INT8_MAX_ROWS_BY_TYPE", {int(Q.Q4_1): 8, int(Q.Q6_K): 2})
+    assert gguf.int8_max_rows([int(Q.Q4_1)]) == 8
+    assert gguf.int8_max_rows([int(Q.Q4_1), int(Q.Q6_K)]) == 2
+    assert gguf.int8_max_rows([int(Q.F16)]) == gguf.INT8_MAX_ROWS
 
 
 def test_bfloat16_activations_and_mixed_shard_types() -> None:

@@ -81,7 +81,8 @@ def test_quantized_model_matches_hf_on_dequantized_weights(tmp_path: Path, qtype
 
 def test_weights_stay_as_stored(tmp_path: Path) -> None:
     """No float copy of a quantized weight: the layers hold the file's bytes (mapped, not copied,
-    where no row permutation applies) and no float weight parameter exists besides the norms."""
+    where no row permutation applies), no float weight parameter exists besides the norms, and after
+    running, the modules hold no more than the quantized bytes (+10%)."""
     types = dict.fromkeys((*LINEARS, "token_embd", "output"), Q.Q4_K)
     path = write_llama_gguf(tmp_path / "tiny.gguf", types)
     config = hf_config_from_gguf(read_gguf_header(path))
@@ -94,6 +95,24 @@ def test_weights_stay_as_stored(tmp_path: Path) -> None:
     quantized = sum(b.numel() for n, b in ours.named_buffers() if "qweight" in n)
     quantized += sum(p.numel() for n, p in ours.named_parameters() if p.dtype == torch.uint8)
     assert quantized >= 0.99 * path.stat().st_size - 16384  # the file is (nearly) all weight blocks
+    weights = sum(p.nbytes for p in ours.parameters()) + sum(b.nbytes for b in ours.buffers() if b.dtype == torch.uint8)
+    assert weights <= 1.1 * quantized  # the norms besides the blocks
+    # A prompt (dequantized tiles) and decode steps (int8 kernel) leave no tensor behind on any module
+    # (parameter, buffer or attribute a layer might cache), the KV cache the runner binds aside.
+    before = _held_tensors(ours)
+    prompt = torch.randint(0, config.vocab_size, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    _greedy(ours, prompt)
+    assert _held_tensors(ours) == before
+
+
+def _held_tensors(model: torch.nn.Module) -> dict[int, int]:
+    """Bytes of each tensor the modules hold, by address (the runner's KV cache aside)."""
+    return {
+        t.data_ptr(): t.nbytes
+        for m in model.modules()
+        for name, t in [*m.named_parameters(recurse=False), *m.named_buffers(recurse=False), *vars(m).items()]
+        if isinstance(t, torch.Tensor) and name != "kv_cache"
+    }
 
 
 def test_unsupported_type_is_refused_naming_tensor_and_type(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.linear import UnquantizedLinearMethod
 from pagedllm.layers.quant.base import NativeMatvec, WeightLoader, matvec_entry, set_weight_loader
 from pagedllm.layers.quant.gguf_native import QUANT_COMMON
-from pagedllm.layers.quant.tiles import TILE_ROWS, tiled_product
+from pagedllm.layers.quant.tiles import tile_rows, tiled_product
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -74,11 +74,12 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (no float32 copy of the whole weight)."""
     q = torch.empty(weight.shape, dtype=FP8)
     scale = torch.empty(weight.shape[0], dtype=torch.float32)
-    for start in range(0, weight.shape[0], TILE_ROWS):
-        rows = weight[start : start + TILE_ROWS].float()
+    step = tile_rows(weight.shape[1])
+    for start in range(0, weight.shape[0], step):
+        rows = weight[start : start + step].float()
         s = rows.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / FP8_MAX
-        q[start : start + TILE_ROWS] = (rows / s[:, None]).to(FP8)
-        scale[start : start + TILE_ROWS] = s
+        q[start : start + step] = (rows / s[:, None]).to(FP8)
+        scale[start : start + step] = s
     return q, scale
 
 

@@ -8,10 +8,10 @@ types, as Q4_K_M does), each a buffer `qweight_<i>` that still points into the f
 kernel call multiplies their row-concatenation.
 
 The product (`torch.ops.pagedllm.gguf_linear`, opaque to torch.compile) picks its path by the number
-of rows: up to `INT8_MAX_ROWS` rows, int8 dot products on activations quantized per 32-element block
-(gguf_kernels.c; each weight block is read once for all rows); above, tiles of `TILE_ROWS` weight
-rows are dequantized into the activation dtype and multiplied by the float GEMM (which wins once the
-dequantization is spread over enough rows; measured, see benchmarks/RESULTS.md).
+of rows and the parts' types (`int8_max_rows`): few rows, int8 dot products on activations quantized
+per 32-element block (gguf_kernels.c; each weight block is read once for all rows); more, tiles of
+weight rows dequantized to float32 and multiplied by the float GEMM (`tiles.tiled_product`, shared
+with AWQ/GPTQ and fp8), which wins once the dequantization is spread over enough rows.
 
 The embedding gathers the rows it needs and dequantizes only those; a tied LM head shares the
 embedding's quantized parameter and multiplies by it directly.
@@ -19,9 +19,11 @@ embedding's quantized parameter and multiplies by it directly.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from pagedllm.layers.quant import gguf_native
@@ -32,13 +34,21 @@ from pagedllm.layers.quant.base import (
     WeightLoader,
     set_weight_loader,
 )
+from pagedllm.layers.quant.tiles import tiled_product
 
-# Rows of activations up to which the int8 kernel beats dequantized tiles + GEMM (measured with
-# SmolLM2's 3072 x 576 gate/up projection in Q4_1 on this 2-core machine, one thread: at 8 rows int8
-# 4.7 ms vs tiles 7.7 ms, at 16 rows 9.4 vs 7.7; at 128 rows the tiles equal the float GEMM).
+# Activation rows up to which the int8 kernel beats dequantized tiles + GEMM, per ggml type (a layer
+# of several types takes the smallest). benchmarks/quant_linear.py, 3072 x 768, one thread, this 2-core
+# AVX2 machine (kernel vs tiles, ms): Q4_1 8 rows 1.01 vs 1.40, 12 rows 1.47 vs 1.44, 16 rows 1.95 vs
+# 1.79; Q4_0 12 rows 1.48 vs 1.55, 16 rows 1.99 vs 1.85; Q8_0 16 rows 1.49 vs 1.66, 32 rows 3.09 vs 2.55;
+# Q2_K 12 rows 2.16 vs 2.38; the other K-quants and Q5_x cross between 8 and 12 rows. Ties go to the
+# kernel, which reads the weight once where a real model's float tiles do not stay cached.
 INT8_MAX_ROWS = 8
-# Weight rows dequantized per GEMM tile: ~0.5-2 MB of float tile for common widths, cache-resident.
-TILE_ROWS = 256
+_INT8_MAX_ROWS_BY_TYPE = {GGMLQuantizationType.Q4_0: 12, GGMLQuantizationType.Q8_0: 16, GGMLQuantizationType.Q2_K: 12}
+
+
+def int8_max_rows(types: Sequence[int]) -> int:
+    """Activation rows up to which a layer of parts of ggml `types` takes the int8 kernel."""
+    return min(_INT8_MAX_ROWS_BY_TYPE.get(t, INT8_MAX_ROWS) for t in types)
 
 
 def gguf_linear(
@@ -49,24 +59,23 @@ def gguf_linear(
     if x.stride(1) != 1:
         x = x.contiguous()
     m = x.shape[0]
-    if m <= INT8_MAX_ROWS:
+    if m <= int8_max_rows(types):
         out = torch.empty(m, out_features, dtype=x.dtype)
         if m:
             gguf_native.matmul(x, shards, types, k, out)
         return out
-    # Transposed output: each tile's product is a contiguous block of rows of out^T.
-    out_t = torch.empty(out_features, m, dtype=x.dtype)
-    tile = torch.empty(min(TILE_ROWS, max(s.shape[0] for s in shards)), k, dtype=x.dtype)
-    x_t = x.t()
-    row = 0
-    for shard, qtype in zip(shards, types):
-        for start in range(0, shard.shape[0], TILE_ROWS):
-            part = shard[start : start + TILE_ROWS]
-            n = part.shape[0]
-            gguf_native.dequantize_rows(part, qtype, k, tile[:n])
-            torch.mm(tile[:n], x_t, out=out_t[row : row + n])
-            row += n
-    return out_t.t().contiguous()
+    starts = list(itertools.accumulate((s.shape[0] for s in shards), initial=0))
+
+    def widen(rows: slice, tile: torch.Tensor) -> None:
+        # The tile's rows may span parts: each part's overlap dequantized into its place.
+        for start, shard, qtype in zip(starts, shards, types):
+            lo, hi = max(rows.start, start), min(rows.stop, start + shard.shape[0])
+            if lo < hi:
+                gguf_native.dequantize_rows(
+                    shard[lo - start : hi - start], qtype, k, tile[lo - rows.start : hi - rows.start]
+                )
+
+    return tiled_product(x, out_features, widen)
 
 
 def _gguf_linear_fake(

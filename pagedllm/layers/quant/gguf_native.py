@@ -3,8 +3,9 @@ the system C compiler, -march=native, OpenMP, cached per source, flags and CPU),
 
 `matmul` is the product of activations with the (row-concatenated) quantized shards of a layer, int8
 dot products on quantized activations; `dequantize_rows` widens rows to float32/bfloat16 (the batched
-path's tiles and the embedding's gather); `matvec_entry` is the native decode path's one-row product. Without a compiler a GGUF model cannot run quantized:
-`library()` raises, naming the way back to the dequantized weights.
+path's tiles and the embedding's gather); `matvec_entry` is the native decode path's one-row product.
+Without a compiler a GGUF model cannot run quantized: `library()` raises, naming the way back to the
+dequantized weights.
 """
 
 from __future__ import annotations
@@ -20,22 +21,15 @@ from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.quant import base
 
 SOURCE = Path(__file__).with_name("gguf_kernels.c")
-# Included by the source: part of the build's cache key.
+# Included by the source: part of the build's cache key (quant_common.h also by the other quantized kernels).
+BLOCKS = Path(__file__).with_name("gguf_blocks.h")
 QUANT_COMMON = Path(__file__).with_name("quant_common.h")
 _ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX2 + AVX-512 VNNI"}
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
-def library() -> ctypes.CDLL:
-    lib = cpu_decode.load_native(
-        "gguf_kernels", [SOURCE, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
-    )
-    if lib is None:
-        raise RuntimeError(
-            "the GGUF kernels could not be built (no C compiler: set CC); "
-            "load the model with quantization=None to run it on dequantized weights"
-        )
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the kernels' signatures on a loaded build of gguf_kernels.c."""
     lib.gguf_matmul.argtypes = [
         ctypes.c_int64,  # shards
         ctypes.c_void_p,  # their addresses
@@ -66,6 +60,19 @@ def library() -> ctypes.CDLL:
     lib.gguf_row_bytes.restype = ctypes.c_int64
     lib.gguf_kernel_isa.restype = ctypes.c_int
     return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    lib = cpu_decode.load_native(
+        "gguf_kernels", [SOURCE, BLOCKS, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
+    )
+    if lib is None:
+        raise RuntimeError(
+            "the GGUF kernels could not be built (no C compiler: set CC); "
+            "load the model with quantization=None to run it on dequantized weights"
+        )
+    return bind(lib)
 
 
 def isa() -> str:

@@ -37,10 +37,10 @@ from pagedllm.layers.quant.tiles import tiled_product
 if TYPE_CHECKING:
     from pagedllm.config.quantization import Int4QuantizationConfig
 
-# Activation rows up to which the native kernel beats dequantized tiles + GEMM (measured with a
-# 3072 x 576 layer, group 64, on a 2-core AVX2 machine, one thread, float32 and bfloat16 activations
-# alike: at 12 rows kernel 3.3 ms vs tiles 4.4 ms, at 16 rows 4.8 vs 3.3; one row 0.42 vs 1.9 ms).
-MATMUL_MAX_ROWS = 12
+# Activation rows up to which the native kernel beats dequantized tiles + GEMM (benchmarks/
+# quant_linear.py: 3072 x 768, group 64, this 2-core AVX2 machine, one thread: at 8 rows kernel 1.42 ms
+# vs tiles 1.40, at 12 rows 2.15 vs 1.75; one row 0.26 vs 0.77 ms; tiles of TILE_BYTES, written in place).
+MATMUL_MAX_ROWS = 8
 
 
 def int4_linear(

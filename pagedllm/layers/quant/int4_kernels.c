@@ -144,31 +144,28 @@ int int4_matmul(const uint8_t *q, const uint16_t *s, const uint8_t *z, int64_t n
 }
 
 /* Rows [0, n) of the weight dequantized into out [n, k] (bfloat16 when out_bf16, else float32).
- * Returns -1 when the group is not a multiple of 32 or does not divide k. */
+ * Returns -1 when the group is not a multiple of 32 or does not divide k. One thread: a tile of the
+ * batched product (tiles.py) is cheaper than waking a second one on a busy machine. */
 int int4_dequantize_rows(const uint8_t *q, const uint16_t *s, const uint8_t *z, int64_t n, int64_t k,
                          int64_t group, void *out, int out_bf16) {
     if (group <= 0 || group % 32 || k % group) return -1;
     int64_t groups = k / group;
-#pragma omp parallel
-    {
-        float *row = out_bf16 ? malloc(k * sizeof(float)) : NULL;
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < n; r++) {
-            float *dst = out_bf16 ? row : (float *)out + r * k;
-            const uint8_t *p = q + r * (k / 2);
-            for (int64_t g = 0; g < groups; g++) {
-                float sg = scale_at(s, r * groups + g), mg = -sg * z[r * groups + g];
-                for (int64_t at = g * group; at < (g + 1) * group; at += 32)
-                    for (int l = 0; l < 16; l++) {
-                        dst[at + l] = sg * (p[at / 2 + l] & 0xF) + mg;
-                        dst[at + l + 16] = sg * (p[at / 2 + l] >> 4) + mg;
-                    }
-            }
-            if (out_bf16)
-                for (int64_t i = 0; i < k; i++) ((uint16_t *)out)[r * k + i] = float_to_bf16(row[i]);
+    float *row = out_bf16 ? malloc(k * sizeof(float)) : NULL;
+    for (int64_t r = 0; r < n; r++) {
+        float *dst = out_bf16 ? row : (float *)out + r * k;
+        const uint8_t *p = q + r * (k / 2);
+        for (int64_t g = 0; g < groups; g++) {
+            float sg = scale_at(s, r * groups + g), mg = -sg * z[r * groups + g];
+            for (int64_t at = g * group; at < (g + 1) * group; at += 32)
+                for (int l = 0; l < 16; l++) {
+                    dst[at + l] = sg * (p[at / 2 + l] & 0xF) + mg;
+                    dst[at + l + 16] = sg * (p[at / 2 + l] >> 4) + mg;
+                }
         }
-        free(row);
+        if (out_bf16)
+            for (int64_t i = 0; i < k; i++) ((uint16_t *)out)[r * k + i] = float_to_bf16(row[i]);
     }
+    free(row);
     return 0;
 }
 
