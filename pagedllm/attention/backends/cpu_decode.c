@@ -55,7 +55,7 @@ INLINE uint8_t float_to_fp8(float x, int type) {
     const int shift = 23 - FP8_MANT(type);
     float a = fabsf(x);
     a = a < FP8_MAX(type) ? a : FP8_MAX(type); /* also NaN -> the largest value */
-    a *= pow2(FP8_BIAS(type) - 127); /* the reverse of load_vec's scaling */
+    a *= pow2(FP8_BIAS(type) - 127); /* the bits' value read as a float's */
     uint32_t u;
     memcpy(&u, &a, sizeof u);
     u += ((1u << shift) >> 1) - 1 + ((u >> shift) & 1u);
@@ -70,7 +70,7 @@ typedef struct {
     int64_t q_stride, out_stride, table_stride, num_kv_heads, group, block_size, window;
     float scale;
     float soft_cap; /* 0: none */
-    float k_scale, v_scale; /* of an fp8 cache; 1 otherwise */
+    float k_scale, v_scale; /* of an fp8 cache, times FP8_LOAD_SCALE; 1 otherwise */
 } DecodeArgs;
 
 INLINE void store_row(char *out, int64_t d, float x, int bf16) {
@@ -173,10 +173,8 @@ INLINE void decode_task(const DecodeArgs *a, const Run *run, int64_t h, int64_t 
                 krow[t] = (const float *)(a->k + at);
                 vrow[t] = (const float *)(a->v + at);
             } else {
-                for (int64_t c = 0; c < nc; c++) {
-                    store_floats(kf + t * D + c * LANES, load_vec(a->k + at + c * LANES * ELEM_SIZE(kv), kv));
-                    store_floats(vf + t * D + c * LANES, load_vec(a->v + at + c * LANES * ELEM_SIZE(kv), kv));
-                }
+                widen_row(a->k + at, kf + t * D, D, kv);
+                widen_row(a->v + at, vf + t * D, D, kv);
                 krow[t] = kf + t * D;
                 vrow[t] = vf + t * D;
             }
@@ -193,11 +191,15 @@ INLINE void decode_task(const DecodeArgs *a, const Run *run, int64_t h, int64_t 
             /* Scores, LANES keys at a time (-FLT_MAX outside the row's keys), and their maximum. */
             vec top = (vec){0} - FLT_MAX;
             for (int64_t t0 = 0; t0 < padded; t0 += LANES) {
+                /* The query is read per chunk as it is used: hoisted out of this loop it took a
+                 * register per chunk and pushed the key accumulators onto the stack. */
+                const float *qm_chunks = qm;
+                __asm__("" : "+r"(qm_chunks));
                 vec dots[LANES];
-                for (int t = 0; t < LANES; t++) dots[t] = load_floats(qm) * load_floats(krow[t0 + t]);
+                for (int t = 0; t < LANES; t++) dots[t] = load_floats(qm_chunks) * load_floats(krow[t0 + t]);
                 for (int64_t c = 1; c < nc; c++) {
-                    const vec qc = load_floats(qm + c * LANES);
-                    for (int t = 0; t < LANES; t++) dots[t] += qc * load_floats(krow[t0 + t] + c * LANES);
+                    const vec qc = load_floats(qm_chunks + c * LANES);
+                    for (int t = 0; t < LANES; t++) dots[t] = fma_vec(qc, load_floats(krow[t0 + t] + c * LANES), dots[t]);
                 }
                 vec s = reduce_lanes(dots, 0);
                 if (a->soft_cap > 0.0f) s = soft_cap_vec(s, a->soft_cap);
@@ -227,7 +229,8 @@ INLINE void decode_task(const DecodeArgs *a, const Run *run, int64_t h, int64_t 
                 for (int64_t c = 0; c < cn; c++) acc[c] = load_floats(om + (c0 + c) * LANES) * correction;
                 for (int64_t t = 0; t < n; t++) {
                     const float w = p[t];
-                    for (int64_t c = 0; c < cn; c++) acc[c] += w * load_floats(vrow[t] + (c0 + c) * LANES);
+                    for (int64_t c = 0; c < cn; c++)
+                        acc[c] = fma_vec((vec){0} + w, load_floats(vrow[t] + (c0 + c) * LANES), acc[c]);
                 }
                 for (int64_t c = 0; c < cn; c++) store_floats(om + (c0 + c) * LANES, acc[c]);
             }
@@ -439,9 +442,11 @@ static int attend_layer(const void *q, int64_t q_stride, const void *key, int64_
     if (s->num_slots)
         write_kv(key, key_stride, value, value_stride, k_cache, v_cache, s->slots, s->num_slots, l->num_kv_heads,
                  l->block_size, l->head_size, bf16, kv, k_scale, v_scale);
+    const float load_scale = kv == E4M3 || kv == E5M2 ? FP8_LOAD_SCALE(kv) : 1.0f;
     const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows, s->seq_lens,
                           q_stride, out_stride, s->table_stride, l->num_kv_heads, l->num_heads / l->num_kv_heads,
-                          l->block_size, l->window, l->scale, l->soft_cap, k_scale, v_scale};
+                          l->block_size, l->window, l->scale, l->soft_cap, k_scale * load_scale,
+                          v_scale * load_scale};
     return paged_decode(&a, s->num_reqs, l->head_size, bf16, kv);
 }
 

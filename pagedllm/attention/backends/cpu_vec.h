@@ -60,10 +60,15 @@ enum { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3 };
 /* fp8 formats as (mantissa bits, exponent bias, largest finite value). An fp8 magnitude's bits
  * shifted to a float's top bits (below the sign) are that float's exponent and mantissa with the
  * float's bias (127): multiplying by 2^(bias - 127) corrects it, subnormals included (they land on
- * float subnormals). */
+ * float subnormals). Shifted to a float16's top bits they are a float16 with bias 15: e5m2 is the
+ * top byte of a float16, exactly. */
 #define FP8_MANT(type) ((type) == E4M3 ? 3 : 2)
 #define FP8_BIAS(type) ((type) == E4M3 ? 7 : 15)
 #define FP8_MAX(type) ((type) == E4M3 ? 448.0f : 57344.0f)
+/* The loads below widen an fp8 element x to x * 2^(bias - 15), its bits read as a float16's (one
+ * hardware conversion where the CPU has F16C, no scaling): a kernel multiplies by this factor once,
+ * folded into its scales. */
+#define FP8_LOAD_SCALE(type) ((type) == E4M3 ? 256.0f : 1.0f)
 
 INLINE float pow2(int e) {
     const uint32_t bits = (uint32_t)(e + 127) << 23;
@@ -99,7 +104,7 @@ INLINE vec load_vec(const char *p, int type) {
         memcpy(&u, &w, sizeof u);
         const word_vec bits = ((u & 0x7fu) << (23 - FP8_MANT(type))) | ((u & 0x80u) << 24);
         memcpy(&f, &bits, sizeof f);
-        return f * pow2(127 - FP8_BIAS(type));
+        return f * pow2(127 - 15);
     }
     /* bfloat16: one widening load (the generic conversion compiles to two half-width ones and an
      * insert). */
@@ -114,6 +119,51 @@ INLINE vec load_vec(const char *p, int type) {
 #endif
     memcpy(&f, &w, sizeof f);
     return f;
+}
+
+/* a * b + c, fused where the target has FMA. The intrinsic also keeps the compiler from
+ * reassociating a chain of them (under -fassociative-math it split a dot product's chains into
+ * trees whose partial sums no longer fit the registers). */
+INLINE vec fma_vec(vec a, vec b, vec c) {
+#if defined(VEC_AVX2)
+    return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__AVX512F__)
+    return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+    return a * b + c;
+#endif
+}
+
+#if defined(VEC_AVX2) && defined(__F16C__)
+/* 16 fp8 elements at p as two vectors of 8 floats (scaled as load_vec's): each byte becomes the top
+ * byte of a float16 (e4m3's magnitude then shifted down one bit below its sign), and F16C widens
+ * those. Half the shifts of the float bit trick, which bound this conversion on the shift unit. */
+INLINE void load_fp8_16(const char *p, int type, vec *lo, vec *hi) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), zero = _mm_setzero_si128();
+    __m128i h0 = _mm_unpacklo_epi8(zero, b), h1 = _mm_unpackhi_epi8(zero, b);
+    if (type == E4M3) {
+        const __m128i keep = _mm_set1_epi16((short)0xbfff); /* the sign's copy that the shift made */
+        h0 = _mm_and_si128(_mm_srai_epi16(h0, 1), keep);
+        h1 = _mm_and_si128(_mm_srai_epi16(h1, 1), keep);
+    }
+    *lo = (vec)_mm256_cvtph_ps(h0);
+    *hi = (vec)_mm256_cvtph_ps(h1);
+}
+#endif
+
+/* n elements (a multiple of LANES) at p of `type` widened to floats at dst (fp8 as load_vec). */
+INLINE void widen_row(const char *p, float *dst, int64_t n, int type) {
+    int64_t i = 0;
+#if defined(VEC_AVX2) && defined(__F16C__)
+    if (type == E4M3 || type == E5M2)
+        for (; i + 16 <= n; i += 16) {
+            vec lo, hi;
+            load_fp8_16(p + i, type, &lo, &hi);
+            store_floats(dst + i, lo);
+            store_floats(dst + i + 8, hi);
+        }
+#endif
+    for (; i < n; i += LANES) store_floats(dst + i, load_vec(p + i * ELEM_SIZE(type), type));
 }
 
 /* x rounded to bfloat16 (to nearest even; NaN stays NaN), as float_to_bf16 per lane. */
