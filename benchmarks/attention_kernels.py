@@ -150,7 +150,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for key, lib in libs.items():
                     fn = getattr(lib, f"decode_layer_{cpu_decode._SUFFIXES[act]}")
-                    results[key].append(time_calls(lambda fn=fn: call(fn), args.seconds, clock))
+                    results[key].append(time_calls(lambda fn=fn, call=call: call(fn), args.seconds, clock))
                     outs[key] = out.clone()
             ms = {k: statistics.median(v) for k, v in results.items()}
             line = f"{name:<18} {label:<5} " + " ".join(f"{ms[k]:9.3f}" for k in libs)
