@@ -138,7 +138,9 @@ def main() -> None:
     ]
     batch = torch.randint(args.context - 100, args.context + 100, (256,), generator=gen).tolist()
     cases.append(("256 seq x 1 row", batch, 1))
-    print(f"threads {torch.get_num_threads()} ({'thread CPU' if args.threads == 1 else 'wall'} time), load {Path('/proc/loadavg').read_text().split()[:3]}")
+    clock_name = "thread CPU" if args.threads == 1 else "wall"
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    print(f"threads {torch.get_num_threads()} ({clock_name} time), load {load}")
     print(f"{'case':<18} {'dtype':<5} " + " ".join(f"{name + ' ms':>9}" for name in libs) + "   new/old")
     for label, act, cache_dtype in DTYPES:
         if label not in args.dtypes:
