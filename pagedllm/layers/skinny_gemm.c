@@ -26,8 +26,7 @@
 /* Output rows per work item: consecutive rows, so each thread streams one contiguous range. */
 #define BLOCK 16
 
-/* 8 floats: one AVX2 register (the 16-float `vec` of the attention kernel is split through memory on
- * CPUs without AVX-512, which kept accumulators out of registers). One accumulator per input row:
+/* 8 floats: one AVX2 register, whatever the build's target. One accumulator per input row:
  * 8 rows take 8 registers beside the weight chunk, so every row is served in one pass over the
  * weight row (a second pass from L1 stalled the memory stream: 5 rows cost 1.3x 4). */
 typedef float oct __attribute__((vector_size(32)));

@@ -33,7 +33,7 @@ MIN_ROWS = 2
 def _library() -> ctypes.CDLL | None:
     lib = cpu_decode.load_native(
         "skinny_gemm",
-        [SOURCE, cpu_decode.SOURCE],
+        [SOURCE, *cpu_decode.SOURCES],
         "few-row product kernel",
         "few-row products use torch's GEMM",
     )

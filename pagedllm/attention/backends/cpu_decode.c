@@ -4,7 +4,8 @@
  *
  * Built at run time by cpu_decode.py with the system C compiler (the one torch.compile's Inductor
  * uses on CPU) and loaded with ctypes. It links the OpenMP runtime torch has already loaded, so it
- * shares torch's threads instead of adding a second pool on the same cores.
+ * shares torch's threads instead of adding a second pool on the same cores. Vector width and
+ * intrinsics follow the build's target (cpu_vec.h).
  *
  * Layouts (element strides, contiguous unless a stride is passed):
  *   q        [rows, num_heads, head_size], row stride q_stride (a view of the fused QKV output)
@@ -14,139 +15,51 @@
  * Decode row i reads query row q_rows[i], block-table row table_rows[i], seq_lens[i] keys (the last
  * `window` of them, if window > 0; scores soft-capped if soft_cap > 0), and writes output row q_rows[i].
  *
- * Work item = (request, kv head, part of its blocks): each key and value is read from memory once and
- * serves every query head of the group. Softmax is online per segment of up to 256 keys (flash
- * decoding): the segment's scores, 16 keys to a vector, then one rescale of the accumulators and the
- * value sums. The body is written once for float and bfloat16 elements; the common head sizes (and
- * in bfloat16 the common group sizes) get their own constant-size copies, which the compiler keeps in
- * vector registers.
+ * Work item = (run of rows, kv head, part of its keys), a run being the consecutive rows of one
+ * request (its block-table row): a decode token, or the 1 + k tokens verifying k drafts. Each key and
+ * value is read from memory once for all the run's query vectors (its rows times the group's query
+ * heads), each masked to its own row's keys: verifying drafts reads the cache as one decode does.
+ * Softmax is online per segment of keys that fits L1 (flash decoding): the segment's keys and values
+ * are widened to float once, then each query vector takes its scores (LANES keys to a vector out of
+ * one transpose-sum), one rescale of its accumulators, and its value sums.
  *
  * The cache holds the activations' type, or fp8 (e4m3 or e5m2: a quarter / half the bytes to read)
  * storing x / scale with one key and one value scale per layer: the key scale is folded into the
  * query, the value scale into the output, so an fp8 element costs only its widening to float.
  */
-#include <float.h>
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+#include "cpu_vec.h"
+
 #define MAX_GROUP 16
 #define MAX_HEAD 256
-#define INLINE static inline __attribute__((always_inline))
-
-INLINE float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-INLINE uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-/* Element types: of the activations (F32 or BF16) and of the cache (any). */
-enum { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3 };
-#define ELEM_SIZE(type) ((type) == F32 ? 4 : (type) == BF16 ? 2 : 1)
-
-/* fp8 formats as (mantissa bits, exponent bias, largest finite value). An fp8 magnitude's bits
- * shifted to a float's top bits (below the sign) are that float's exponent and mantissa with the
- * float's bias (127): multiplying by 2^(bias - 127) corrects it, subnormals included (they land on
- * float subnormals). */
-#define FP8_MANT(type) ((type) == E4M3 ? 3 : 2)
-#define FP8_BIAS(type) ((type) == E4M3 ? 7 : 15)
-#define FP8_MAX(type) ((type) == E4M3 ? 448.0f : 57344.0f)
-
-INLINE float pow2(int e) {
-    const uint32_t bits = (uint32_t)(e + 127) << 23;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+#define MAX_CHUNKS (MAX_HEAD / LANES)
+/* Rows in a run: a request's new tokens in a step (MAX_DECODE_QUERY_LEN in Python); a run of longer
+ * heads and groups is cut so that its query vectors fit QUERY_FLOATS. */
+#define MAX_RUN_ROWS 8
+#define MAX_QUERIES (MAX_RUN_ROWS * MAX_GROUP)
+#define QUERY_FLOATS 8192
+/* Keys per segment: as many as SEGMENT_FLOATS widened floats of keys (and of values) hold, in
+ * multiples of LANES, at most MAX_SEGMENT. */
+#define SEGMENT_FLOATS 2048
+#define MAX_SEGMENT 128
+#define SEGMENT_BUFFER (LANES * MAX_HEAD > SEGMENT_FLOATS ? LANES * MAX_HEAD : SEGMENT_FLOATS)
+/* Vector accumulators of the value sums held at once (the register file: 16 on AVX2, 32 on AVX-512). */
+#define VALUE_CHUNKS (LANES == 16 ? 16 : 8)
 
 /* x in fp8 `type`: saturated to the largest finite value, rounded to nearest even. */
 INLINE uint8_t float_to_fp8(float x, int type) {
     const int shift = 23 - FP8_MANT(type);
     float a = fabsf(x);
     a = a < FP8_MAX(type) ? a : FP8_MAX(type); /* also NaN -> the largest value */
-    a *= pow2(FP8_BIAS(type) - 127); /* the reverse of load_vec's scaling */
+    a *= pow2(FP8_BIAS(type) - 127); /* the bits' value read as a float's */
     uint32_t u;
     memcpy(&u, &a, sizeof u);
     u += ((1u << shift) >> 1) - 1 + ((u >> shift) & 1u);
     return (uint8_t)((u >> shift) | (signbit(x) ? 0x80u : 0u));
-}
-
-/* 16 floats: one AVX-512 register; the compiler splits it on narrower vector units. */
-typedef float vec __attribute__((vector_size(64)));
-typedef uint16_t bf16_vec __attribute__((vector_size(32)));
-typedef uint8_t byte_vec __attribute__((vector_size(16)));
-typedef uint32_t word_vec __attribute__((vector_size(64)));
-#define LANES 16
-#define MAX_CHUNKS (MAX_HEAD / LANES)
-
-/* 16 elements at `p` of `type` as floats (fp8 ones unscaled). */
-INLINE vec load_vec(const char *p, int type) {
-    vec f;
-    if (type == E4M3 || type == E5M2) {
-        byte_vec b;
-        memcpy(&b, p, sizeof b);
-        const word_vec w = __builtin_convertvector(b, word_vec);
-        const word_vec bits = ((w & 0x7fu) << (23 - FP8_MANT(type))) | ((w & 0x80u) << 24);
-        memcpy(&f, &bits, sizeof f);
-        f *= pow2(127 - FP8_BIAS(type));
-    } else if (type == BF16) {
-#ifdef __AVX512F__
-        /* One widening load; the generic conversion below compiles to two half-width ones and an
-         * insert, which dominated the kernel's time. */
-        const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
-#else
-        bf16_vec h;
-        memcpy(&h, p, sizeof h);
-        const word_vec w = __builtin_convertvector(h, word_vec) << 16;
-#endif
-        memcpy(&f, &w, sizeof f);
-    } else {
-        memcpy(&f, p, sizeof f);
-    }
-    return f;
-}
-
-INLINE float hsum(vec x) {
-    float s = 0.0f;
-    for (int i = 0; i < LANES; i++) s += x[i]; /* a tree of shuffles under -fassociative-math */
-    return s;
-}
-
-/* e^x for x <= 0 (scores minus their running max), vectorizable unlike libm's expf: 2^n * p(f) with
- * x = n ln2 + f, |f| <= ln2/2, p a degree-6 Taylor polynomial (relative error < 2e-7). Inputs below
- * -87 (including the first block's -FLT_MAX running max) give ~0. */
-INLINE float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    /* Round x log2(e) to an integer: truncating y - 0.5 (y <= 0) rounds to nearest, bar ties. */
-    const int32_t n = (int32_t)(x * 1.44269504f - 0.5f);
-    const float f = x - (float)n * 0.693145752f - (float)n * 1.42860677e-6f;
-    float p = 1.0f / 720.0f;
-    p = p * f + 1.0f / 120.0f;
-    p = p * f + 1.0f / 24.0f;
-    p = p * f + 1.0f / 6.0f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    const int32_t bits = (n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
 }
 
 typedef struct {
@@ -157,7 +70,7 @@ typedef struct {
     int64_t q_stride, out_stride, table_stride, num_kv_heads, group, block_size, window;
     float scale;
     float soft_cap; /* 0: none */
-    float k_scale, v_scale; /* of an fp8 cache; 1 otherwise */
+    float k_scale, v_scale; /* of an fp8 cache, times FP8_LOAD_SCALE; 1 otherwise */
 } DecodeArgs;
 
 INLINE void store_row(char *out, int64_t d, float x, int bf16) {
@@ -167,87 +80,32 @@ INLINE void store_row(char *out, int64_t d, float x, int bf16) {
         ((float *)out)[d] = x;
 }
 
-/* Keys [start, len) of request r (a sliding window starts past 0). */
+/* Row r's first key (a sliding window starts past 0); its keys are [first_key, seq_lens[r]). */
 INLINE int64_t first_key(const DecodeArgs *a, int64_t r) {
     const int64_t len = a->seq_lens[r];
     return (a->window > 0 && len > a->window) ? len - a->window : 0;
 }
 
-/* How many of block b's slots hold request r's keys (all of them but in its last block). */
-INLINE int64_t keys_in_block(const DecodeArgs *a, int64_t r, int64_t b) {
-    const int64_t rest = a->seq_lens[r] - b * a->block_size;
-    return rest < a->block_size ? rest : a->block_size;
-}
+/* Rows [row, row + rows) of one request, attending to keys within [k_begin, k_end) between them. */
+typedef struct {
+    int64_t row, rows, k_begin, k_end;
+} Run;
 
-/* Cache blocks [*first, *end) of request r's table that hold its keys [first_key, len). */
-INLINE void key_blocks(const DecodeArgs *a, int64_t r, int64_t *first, int64_t *end) {
-    *first = first_key(a, r) / a->block_size;
-    *end = (a->seq_lens[r] + a->block_size - 1) / a->block_size;
-}
-
-typedef int32_t int_vec __attribute__((vector_size(64)));
-
-/* Lanes of `a` where `mask` is set, of `b` elsewhere. */
-INLINE vec select_vec(int_vec mask, vec a, vec b) {
-    return (vec)(((int_vec)a & mask) | ((int_vec)b & ~mask));
-}
-
-/* a + b, or with `max` the larger of each lane. */
-INLINE vec combine(vec a, vec b, const int max) {
-    return max ? select_vec(a > b, a, b) : a + b;
-}
-
-/* Lane i of the result: the sum (with `max`, the largest) of v[i]'s lanes. A transpose tree (each
- * level combines the two halves of pairs of vectors, interleaved so the last level leaves the
- * results in order) costs 15 two-shuffle steps for 16 results instead of 16 horizontal reductions
- * of 4 shuffles and 4 operations each. */
-INLINE vec reduce_lanes16(const vec *v, const int max) {
-    vec r1[8], r2[4], r3[2];
-    for (int i = 0; i < 8; i++)
-        r1[i] = combine(__builtin_shuffle(v[i], v[i + 8], (int_vec){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
-                        __builtin_shuffle(v[i], v[i + 8], (int_vec){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}),
-                        max);
-    for (int i = 0; i < 4; i++)
-        r2[i] = combine(__builtin_shuffle(r1[i], r1[i + 4], (int_vec){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
-                        __builtin_shuffle(r1[i], r1[i + 4], (int_vec){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}),
-                        max);
-    for (int i = 0; i < 2; i++)
-        r3[i] = combine(__builtin_shuffle(r2[i], r2[i + 2], (int_vec){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
-                        __builtin_shuffle(r2[i], r2[i + 2], (int_vec){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}),
-                        max);
-    return combine(__builtin_shuffle(r3[0], r3[1], (int_vec){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
-                   __builtin_shuffle(r3[0], r3[1], (int_vec){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}),
-                   max);
-}
-
-INLINE float hmax(vec x) {
-    float m = x[0];
-    for (int i = 1; i < LANES; i++) m = x[i] > m ? x[i] : m;
-    return m;
-}
-
-/* exp_nonpositive on 16 lanes at once (the same steps in vector operations). */
-INLINE vec exp_nonpositive_vec(vec x) {
-    x = select_vec(x < -87.0f, (vec){0} - 87.0f, x);
-    const int_vec n = __builtin_convertvector(x * 1.44269504f - 0.5f, int_vec);
-    const vec nf = __builtin_convertvector(n, vec);
-    const vec f = x - nf * 0.693145752f - nf * 1.42860677e-6f;
-    vec p = f * (1.0f / 720.0f) + 1.0f / 120.0f;
-    p = p * f + 1.0f / 24.0f;
-    p = p * f + 1.0f / 6.0f;
-    p = p * f + 0.5f;
-    p = p * f + 1.0f;
-    p = p * f + 1.0f;
-    return p * (vec)((n + 127) << 23);
-}
-
-/* Gemma-2's logit soft cap, cap * tanh(s / cap), on 16 scores. tanh(|y|) = (1 - t) / (1 + t) with
- * t = e^(-2|y|) <= 1, so exp_nonpositive_vec serves; the absolute error stays ~cap * 1e-7. */
-INLINE vec soft_cap_vec(vec s, float cap) {
-    const vec y = s * (1.0f / cap);
-    const vec t = exp_nonpositive_vec(select_vec(y < 0.0f, y, -y) * 2.0f);
-    const vec th = (1.0f - t) / (1.0f + t);
-    return select_vec(y < 0.0f, -th, th) * cap;
+/* Splits `num_rows` rows into runs (consecutive rows of one block-table row, at most `most` each);
+ * returns how many. */
+static int64_t find_runs(const DecodeArgs *a, int64_t num_rows, int64_t most, Run *runs) {
+    int64_t n = 0;
+    for (int64_t r = 0; r < num_rows; r++) {
+        Run *last = n ? &runs[n - 1] : NULL;
+        if (last && last->rows < most && a->table_rows[r] == a->table_rows[last->row]) {
+            last->rows++;
+            last->k_begin = first_key(a, r) < last->k_begin ? first_key(a, r) : last->k_begin;
+            last->k_end = a->seq_lens[r] > last->k_end ? a->seq_lens[r] : last->k_end;
+        } else {
+            runs[n++] = (Run){r, 1, first_key(a, r), a->seq_lens[r]};
+        }
+    }
+    return n;
 }
 
 #define L2_AHEAD 16
@@ -261,222 +119,233 @@ INLINE void prefetch_block(const DecodeArgs *a, int64_t block, int64_t h, int64_
     }
 }
 
-/* Attention of request r's query heads of kv head h over cache blocks [b_begin, b_end) of its table.
- * With `partial` NULL the result is final and goes to `out`; otherwise the unnormalized state
- * (running max, sum, weighted values: group x (2 + D) floats) goes there for merge_splits. `nc` is
- * the head size in 16-float chunks, a compile-time constant in the specialized copies; `bf16`
- * selects the activations' element type, `kv` the cache's.
- *
- * Keys go in segments of up to SEGMENT_CHUNKS x 16, each in two passes: all the segment's scores
- * first (keys 16 at a time: each key row converted once for all query heads of the group, a head's 16
- * scores out of one transpose-sum as a vector), then one rescale to the segment's maximum and the
- * value sums. Rescaling every 16 keys instead put a chain of horizontal maximum, scalar exponential
- * and rescale between each 16 keys' scores and their value sums, which the core could not overlap. */
-#define SEGMENT_CHUNKS 16
-INLINE void decode_task(const DecodeArgs *a, int64_t r, int64_t h, int64_t b_begin, int64_t b_end,
-                        float *partial, const int64_t nc, const int64_t group, const int bf16, const int kv) {
-    const int64_t elem = bf16 ? 2 : 4, kv_elem = ELEM_SIZE(kv), D = nc * LANES;
-    const int64_t bs = a->block_size, start = first_key(a, r);
-    const int32_t *table = a->tables + a->table_rows[r] * a->table_stride;
-    vec qv[MAX_GROUP][MAX_CHUNKS], acc[MAX_GROUP][MAX_CHUNKS], dots[MAX_GROUP][LANES];
-    vec scores[MAX_GROUP][SEGMENT_CHUNKS];
-    float run_max[MAX_GROUP], run_sum[MAX_GROUP];
-    int64_t chunk_offset[SEGMENT_CHUNKS], chunk_keys[SEGMENT_CHUNKS]; /* bytes into k and v; keys */
-    const int_vec lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    const char *qr = a->q + (a->q_rows[r] * a->q_stride + h * group * D) * elem;
-    for (int64_t g = 0; g < group; g++) {
+/* Key rows of a segment past its keys: scored (then masked), never summed. */
+static const float zero_row[MAX_HEAD];
+
+/* Attention of run `run`'s query vectors of kv head h over its keys [k_begin, k_end). With `partial`
+ * NULL the result is final and goes to `out`; otherwise each query vector's unnormalized state
+ * (running max, sum, weighted values: 2 + D floats) goes there for merge_splits. `nc` is the head
+ * size in LANES-float chunks, a compile-time constant in the specialized copies; `bf16` selects the
+ * activations' element type, `kv` the cache's. */
+INLINE void decode_task(const DecodeArgs *a, const Run *run, int64_t h, int64_t k_begin, int64_t k_end,
+                        float *partial, const int64_t nc, const int bf16, const int kv) {
+    const int64_t D = nc * LANES, group = a->group, M = run->rows * group, elem = bf16 ? 2 : 4;
+    const int64_t bs = a->block_size, row_bytes = D * ELEM_SIZE(kv);
+    int64_t seg = SEGMENT_FLOATS / D / LANES * LANES;
+    seg = seg < LANES ? LANES : seg > MAX_SEGMENT ? MAX_SEGMENT : seg;
+    const int32_t *table = a->tables + a->table_rows[run->row] * a->table_stride;
+    float q[QUERY_FLOATS] __attribute__((aligned(64))), o[QUERY_FLOATS] __attribute__((aligned(64)));
+    float kf[SEGMENT_BUFFER] __attribute__((aligned(64))), vf[SEGMENT_BUFFER] __attribute__((aligned(64)));
+    float p[MAX_SEGMENT] __attribute__((aligned(64)));
+    float run_max[MAX_QUERIES], run_sum[MAX_QUERIES];
+    const float *krow[MAX_SEGMENT], *vrow[MAX_SEGMENT];
+    int32_t lo[MAX_RUN_ROWS], hi[MAX_RUN_ROWS];
+    int_vec lane;
+    for (int i = 0; i < LANES; i++) lane[i] = i;
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t j = m / group, g = m % group;
+        const char *src = a->q + (a->q_rows[run->row + j] * a->q_stride + (h * group + g) * D) * elem;
         for (int64_t c = 0; c < nc; c++) {
-            qv[g][c] = load_vec(qr + (g * D + c * LANES) * elem, bf16) * (a->scale * a->k_scale);
-            acc[g][c] = (vec){0};
+            store_floats(q + m * D + c * LANES, load_vec(src + c * LANES * elem, bf16 ? BF16 : F32) * (a->scale * a->k_scale));
+            store_floats(o + m * D + c * LANES, (vec){0});
         }
-        run_max[g] = -FLT_MAX;
-        run_sum[g] = 0.0f;
+        run_max[m] = -FLT_MAX;
+        run_sum[m] = 0.0f;
     }
-    /* The walk: block b, its keys [c0, t1). */
-    int64_t b = b_begin, c0 = start > b * bs ? start - b * bs : 0, t1 = keys_in_block(a, r, b);
+    for (int64_t j = 0; j < run->rows; j++) {
+        lo[j] = (int32_t)first_key(a, run->row + j);
+        hi[j] = (int32_t)a->seq_lens[run->row + j];
+    }
+    /* The walk: block b of the table, slot `slot` in it. Blocks lie at random places, each pages away
+     * from the last: every one would start with a row of cache misses before the hardware prefetcher
+     * catches on. The blocks up to L2_AHEAD ahead are requested (all of them at the start). */
+    int64_t b = k_begin / bs, slot = k_begin % bs;
+    const int64_t b_end = (k_end + bs - 1) / bs;
     for (int64_t ahead = b + 1; ahead <= b + L2_AHEAD && ahead < b_end; ahead++)
-        prefetch_block(a, table[ahead], h, bs * D * kv_elem);
-    while (b < b_end) {
-        int64_t chunks = 0;
-        for (; chunks < SEGMENT_CHUNKS && b < b_end; chunks++) {
-            chunk_offset[chunks] = (((int64_t)table[b] * a->num_kv_heads + h) * bs + c0) * D * kv_elem;
-            chunk_keys[chunks] = t1 - c0 < LANES ? t1 - c0 : LANES;
-            c0 += LANES;
-            if (c0 >= t1) {
-                /* Blocks lie at random places, each pages away from the last: every one would
-                 * start with a row of cache misses before the hardware prefetcher catches on. The
-                 * blocks up to L2_AHEAD ahead are requested (all of them at the start). */
-                if (++b + L2_AHEAD < b_end) prefetch_block(a, table[b + L2_AHEAD], h, bs * D * kv_elem);
-                c0 = 0;
-                t1 = keys_in_block(a, r, b);
+        prefetch_block(a, table[ahead], h, bs * row_bytes);
+    for (int64_t k0 = k_begin; k0 < k_end; k0 += seg) {
+        const int64_t n = k_end - k0 < seg ? k_end - k0 : seg, padded = (n + LANES - 1) / LANES * LANES;
+        /* The segment's key and value rows, widened to float once for every query vector (a float
+         * cache's are read in place). */
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t at = (((int64_t)table[b] * a->num_kv_heads + h) * bs + slot) * row_bytes;
+            if (kv == F32) {
+                krow[t] = (const float *)(a->k + at);
+                vrow[t] = (const float *)(a->v + at);
+            } else {
+                widen_row(a->k + at, kf + t * D, D, kv);
+                widen_row(a->v + at, vf + t * D, D, kv);
+                krow[t] = kf + t * D;
+                vrow[t] = vf + t * D;
+            }
+            if (++slot == bs) {
+                slot = 0;
+                if (++b + L2_AHEAD < b_end) prefetch_block(a, table[b + L2_AHEAD], h, bs * row_bytes);
             }
         }
-        /* Pass 1: scores (-FLT_MAX past the keys) and their lane-wise maxima. */
-        vec seg_max[MAX_GROUP];
-        for (int64_t g = 0; g < group; g++) seg_max[g] = (vec){0} - FLT_MAX;
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            const char *kb = a->k + chunk_offset[ch];
-            const int64_t n = chunk_keys[ch];
-            for (int64_t t = 0; t < LANES; t++) {
-                if (t < n) {
-                    vec key[MAX_CHUNKS];
-                    for (int64_t c = 0; c < nc; c++) key[c] = load_vec(kb + (t * D + c * LANES) * kv_elem, kv);
-                    for (int64_t g = 0; g < group; g++) {
-                        vec dot = qv[g][0] * key[0];
-                        for (int64_t c = 1; c < nc; c++) dot += qv[g][c] * key[c];
-                        dots[g][t] = dot;
-                    }
-                } else {
-                    for (int64_t g = 0; g < group; g++) dots[g][t] = (vec){0};
+        for (int64_t t = n; t < padded; t++) krow[t] = zero_row;
+        for (int64_t m = 0; m < M; m++) {
+            const int64_t j = m / group;
+            const int32_t first = lo[j], end = hi[j] < k0 + n ? hi[j] : (int32_t)(k0 + n);
+            const float *qm = q + m * D;
+            /* Scores, LANES keys at a time (-FLT_MAX outside the row's keys), and their maximum. */
+            vec top = (vec){0} - FLT_MAX;
+            for (int64_t t0 = 0; t0 < padded; t0 += LANES) {
+                /* The query is read per chunk as it is used: hoisted out of this loop it took a
+                 * register per chunk and pushed the key accumulators onto the stack. */
+                const float *qm_chunks = qm;
+                __asm__("" : "+r"(qm_chunks));
+                vec dots[LANES];
+                for (int t = 0; t < LANES; t++) dots[t] = load_floats(qm_chunks) * load_floats(krow[t0 + t]);
+                for (int64_t c = 1; c < nc; c++) {
+                    const vec qc = load_floats(qm_chunks + c * LANES);
+                    for (int t = 0; t < LANES; t++) dots[t] = fma_vec(qc, load_floats(krow[t0 + t] + c * LANES), dots[t]);
                 }
-            }
-            const int_vec valid = lane < (int32_t)n;
-            for (int64_t g = 0; g < group; g++) {
-                vec s = reduce_lanes16(dots[g], 0);
+                vec s = reduce_lanes(dots, 0);
                 if (a->soft_cap > 0.0f) s = soft_cap_vec(s, a->soft_cap);
-                scores[g][ch] = select_vec(valid, s, (vec){0} - FLT_MAX);
-                seg_max[g] = combine(seg_max[g], scores[g][ch], 1);
+                const int_vec key = lane + (int32_t)(k0 + t0);
+                s = select_vec((key >= first) & (key < end), s, (vec){0} - FLT_MAX);
+                store_floats(p + t0, s);
+                top = combine(top, s, 1);
+            }
+            /* One rescale to the new maximum, then the weights (0 outside the row's keys). */
+            const float top1 = hmax(top), new_max = top1 > run_max[m] ? top1 : run_max[m];
+            const float correction = exp_nonpositive(run_max[m] - new_max);
+            vec sum = (vec){0};
+            for (int64_t t0 = 0; t0 < padded; t0 += LANES) {
+                const vec s = load_floats(p + t0);
+                const vec w = select_vec(s > -FLT_MAX, exp_nonpositive_vec(s - new_max), (vec){0});
+                store_floats(p + t0, w);
+                sum += w;
+            }
+            run_max[m] = new_max;
+            run_sum[m] = run_sum[m] * correction + hsum(sum);
+            /* The value sums, VALUE_CHUNKS accumulators at a time in registers. Only the keys that
+             * exist: a slot past the sequence may hold NaN, and 0 * NaN is NaN. */
+            float *om = o + m * D;
+            for (int64_t c0 = 0; c0 < nc; c0 += VALUE_CHUNKS) {
+                const int64_t cn = nc - c0 < VALUE_CHUNKS ? nc - c0 : VALUE_CHUNKS;
+                vec acc[VALUE_CHUNKS];
+                for (int64_t c = 0; c < cn; c++) acc[c] = load_floats(om + (c0 + c) * LANES) * correction;
+                for (int64_t t = 0; t < n; t++) {
+                    const float w = p[t];
+                    for (int64_t c = 0; c < cn; c++)
+                        acc[c] = fma_vec((vec){0} + w, load_floats(vrow[t] + (c0 + c) * LANES), acc[c]);
+                }
+                for (int64_t c = 0; c < cn; c++) store_floats(om + (c0 + c) * LANES, acc[c]);
             }
         }
-        /* Pass 2: one rescale to the new maximum, then the weights and the value sums. */
-        vec seg_sum[MAX_GROUP];
-        for (int64_t g = 0; g < group; g++) {
-            const float top = hmax(seg_max[g]);
-            const float m = top > run_max[g] ? top : run_max[g];
-            const float correction = exp_nonpositive(run_max[g] - m);
-            run_max[g] = m;
-            run_sum[g] *= correction;
-            for (int64_t c = 0; c < nc; c++) acc[g][c] *= correction;
-            seg_sum[g] = (vec){0};
-        }
-        for (int64_t ch = 0; ch < chunks; ch++) {
-            const char *vb = a->v + chunk_offset[ch];
-            const int64_t n = chunk_keys[ch];
-            vec p[MAX_GROUP];
-            for (int64_t g = 0; g < group; g++) {
-                p[g] = select_vec(lane < (int32_t)n, exp_nonpositive_vec(scores[g][ch] - run_max[g]), (vec){0});
-                seg_sum[g] += p[g];
-            }
-            /* Only the keys that exist: a slot past the sequence may hold NaN, and 0 * NaN is NaN.
-             * Each value row is converted once for all heads of the group (whose accumulators stay
-             * in registers where the group size is a compile-time constant). */
-            for (int64_t t = 0; t < n; t++) {
-                vec value[MAX_CHUNKS];
-                for (int64_t c = 0; c < nc; c++) value[c] = load_vec(vb + (t * D + c * LANES) * kv_elem, kv);
-                for (int64_t g = 0; g < group; g++)
-                    for (int64_t c = 0; c < nc; c++) acc[g][c] += p[g][t] * value[c];
-            }
-        }
-        for (int64_t g = 0; g < group; g++) run_sum[g] += hsum(seg_sum[g]);
     }
     if (partial) {
-        for (int64_t g = 0; g < group; g++) {
-            float *state = partial + g * (2 + D);
-            state[0] = run_max[g];
-            state[1] = run_sum[g];
-            for (int64_t c = 0; c < nc; c++) memcpy(state + 2 + c * LANES, &acc[g][c], sizeof(vec));
+        for (int64_t m = 0; m < M; m++) {
+            float *state = partial + m * (2 + D);
+            state[0] = run_max[m];
+            state[1] = run_sum[m];
+            memcpy(state + 2, o + m * D, D * sizeof(float));
         }
         return;
     }
-    char *out = a->out + (a->q_rows[r] * a->out_stride + h * group * D) * elem;
-    for (int64_t g = 0; g < group; g++) {
-        const float inv = run_sum[g] > 0.0f ? a->v_scale / run_sum[g] : 0.0f;
-        for (int64_t c = 0; c < nc; c++) {
-            const vec x = acc[g][c] * inv;
-            for (int64_t i = 0; i < LANES; i++) store_row(out, g * D + c * LANES + i, x[i], bf16);
-        }
+    for (int64_t m = 0; m < M; m++) {
+        const int64_t j = m / group, g = m % group;
+        char *out = a->out + (a->q_rows[run->row + j] * a->out_stride + (h * group + g) * D) * elem;
+        const float inv = run_sum[m] > 0.0f ? a->v_scale / run_sum[m] : 0.0f;
+        for (int64_t c = 0; c < nc; c++) store_vec(out + c * LANES * elem, load_floats(o + m * D + c * LANES) * inv, bf16);
     }
 }
 
-/* Combines the `splits` partial states of each (request, kv head) into the final output. */
-static void merge_splits(const DecodeArgs *a, int64_t tasks, int64_t splits, const float *scratch,
-                         int64_t head_size, int bf16) {
-    const int64_t elem = bf16 ? 2 : 4, state = 2 + head_size;
+/* Combines the `splits` partial states of each (run, kv head) into the final output; `stride`
+ * floats from one work item's states to the next. */
+static void merge_splits(const DecodeArgs *a, const Run *runs, int64_t tasks, int64_t splits, const float *scratch,
+                         int64_t stride, int64_t head_size, int bf16) {
+    const int64_t elem = bf16 ? 2 : 4, state = 2 + head_size, group = a->group;
 #pragma omp parallel for
     for (int64_t task = 0; task < tasks; task++) {
-        const int64_t r = task / a->num_kv_heads, h = task % a->num_kv_heads;
-        char *out = a->out + (a->q_rows[r] * a->out_stride + h * a->group * head_size) * elem;
-        for (int64_t g = 0; g < a->group; g++) {
-            const float *first = scratch + (task * splits * a->group + g) * state;
-            const int64_t stride = a->group * state; /* from one split's state to the next */
-            float m = -FLT_MAX, sum = 0.0f, o[MAX_HEAD] = {0};
-            for (int64_t i = 0; i < splits; i++) m = first[i * stride] > m ? first[i * stride] : m;
+        const Run *run = &runs[task / a->num_kv_heads];
+        const int64_t h = task % a->num_kv_heads;
+        for (int64_t m = 0; m < run->rows * group; m++) {
+            const int64_t j = m / group, g = m % group;
+            char *out = a->out + (a->q_rows[run->row + j] * a->out_stride + (h * group + g) * head_size) * elem;
+            const float *first = scratch + task * splits * stride + m * state;
+            float top = -FLT_MAX, sum = 0.0f, o[MAX_HEAD] = {0};
+            for (int64_t i = 0; i < splits; i++) top = first[i * stride] > top ? first[i * stride] : top;
             for (int64_t i = 0; i < splits; i++) {
-                const float *st = first + i * stride, w = exp_nonpositive(st[0] - m);
+                const float *st = first + i * stride, w = exp_nonpositive(st[0] - top);
                 sum += st[1] * w;
                 for (int64_t d = 0; d < head_size; d++) o[d] += st[2 + d] * w;
             }
             const float inv = sum > 0.0f ? a->v_scale / sum : 0.0f;
-            for (int64_t d = 0; d < head_size; d++) store_row(out, g * head_size + d, o[d] * inv, bf16);
+            for (int64_t d = 0; d < head_size; d++) store_row(out, d, o[d] * inv, bf16);
         }
     }
 }
 
-/* Splits per (request, kv head) so that every thread has work: a single long request would otherwise
+/* Splits per (run, kv head) so that every thread has work: a single long request would otherwise
  * leave a thread idle and read its keys at one core's share of the memory bandwidth. A split keeps
  * at least MIN_SPLIT_KEYS keys (and a whole block), below which merging costs more than it saves. */
 #define MIN_SPLIT_KEYS 128
-static int64_t num_splits(const DecodeArgs *a, int64_t num_reqs) {
+static int64_t num_splits(const DecodeArgs *a, const Run *runs, int64_t num_runs) {
 #ifdef _OPENMP
     const int64_t threads = omp_get_max_threads();
 #else
     const int64_t threads = 1;
 #endif
-    const int64_t tasks = num_reqs * a->num_kv_heads;
+    const int64_t tasks = num_runs * a->num_kv_heads, bs = a->block_size;
     if (tasks >= 2 * threads) return 1;
     int64_t max_blocks = 0;
-    for (int64_t r = 0; r < num_reqs; r++) {
-        int64_t first, end;
-        key_blocks(a, r, &first, &end);
-        max_blocks = end - first > max_blocks ? end - first : max_blocks;
+    for (int64_t r = 0; r < num_runs; r++) {
+        const int64_t blocks = (runs[r].k_end + bs - 1) / bs - runs[r].k_begin / bs;
+        max_blocks = blocks > max_blocks ? blocks : max_blocks;
     }
     int64_t splits = (2 * threads + tasks - 1) / tasks;
-    const int64_t by_keys = max_blocks * a->block_size / MIN_SPLIT_KEYS;
+    const int64_t by_keys = max_blocks * bs / MIN_SPLIT_KEYS;
     const int64_t most = by_keys < max_blocks ? by_keys : max_blocks;
     if (splits > most) splits = most;
     return splits > 1 ? splits : 1;
 }
 
-static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size, int bf16, int kv) {
-    if (a->group > MAX_GROUP || head_size > MAX_HEAD || head_size % LANES)
-        return -1;
-    const int64_t nc = head_size / LANES, tasks = num_reqs * a->num_kv_heads;
-    const int64_t splits = num_splits(a, num_reqs);
+static int paged_decode(const DecodeArgs *a, int64_t num_rows, int64_t head_size, int bf16, int kv) {
+    if (a->group > MAX_GROUP || head_size > MAX_HEAD || head_size % LANES) return -1;
+    const int64_t nc = head_size / LANES, bs = a->block_size;
+    int64_t most = QUERY_FLOATS / (head_size * a->group);
+    most = most < MAX_RUN_ROWS ? most : MAX_RUN_ROWS;
+    Run *runs = malloc((size_t)(num_rows > 0 ? num_rows : 1) * sizeof(Run));
+    if (!runs) return -2;
+    const int64_t num_runs = find_runs(a, num_rows, most, runs), tasks = num_runs * a->num_kv_heads;
+    const int64_t splits = num_splits(a, runs, num_runs), stride = most * a->group * (2 + head_size);
     float *scratch = NULL;
     if (splits > 1) {
-        scratch = malloc((size_t)(tasks * splits * a->group * (2 + head_size)) * sizeof(float));
-        if (!scratch) return -2;
+        scratch = malloc((size_t)(tasks * splits * stride) * sizeof(float));
+        if (!scratch) {
+            free(runs);
+            return -2;
+        }
     }
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t item = 0; item < tasks * splits; item++) {
         const int64_t task = item / splits, split = item % splits;
-        const int64_t r = task / a->num_kv_heads, h = task % a->num_kv_heads;
-        int64_t first, end;
-        key_blocks(a, r, &first, &end);
-        const int64_t b_begin = first + (end - first) * split / splits;
-        const int64_t b_end = first + (end - first) * (split + 1) / splits;
-        float *partial = scratch ? scratch + item * a->group * (2 + head_size) : NULL;
-        /* Copies for the common head sizes, and in bfloat16 for the common groups: with both
-         * constant a group's accumulators stay in vector registers (7-11% here on SmolLM2's 3).
-         * Each cache type gets its own copies (kv is a constant in them). */
-#define TASK(NC, GROUP, KV) decode_task(a, r, h, b_begin, b_end, partial, NC, GROUP, bf16, KV)
-#define TASKS(KV)                                                                                           \
-    if (bf16 && nc == 4 && group <= 4)                                                                      \
-        group == 1 ? TASK(4, 1, KV) : group == 2 ? TASK(4, 2, KV) : group == 3 ? TASK(4, 3, KV) : TASK(4, 4, KV); \
-    else if (bf16 && nc == 8 && group <= 4)                                                                 \
-        group == 1 ? TASK(8, 1, KV) : group == 2 ? TASK(8, 2, KV) : group == 3 ? TASK(8, 3, KV) : TASK(8, 4, KV); \
-    else if (nc == 4)                                                                                       \
-        TASK(4, group, KV);                                                                                 \
-    else if (nc == 8)                                                                                       \
-        TASK(8, group, KV);                                                                                 \
-    else                                                                                                    \
-        TASK(nc, group, KV);
-        const int64_t group = a->group;
+        const Run *run = &runs[task / a->num_kv_heads];
+        const int64_t h = task % a->num_kv_heads;
+        /* The split's blocks, and of them the run's keys. */
+        const int64_t first = run->k_begin / bs, blocks = (run->k_end + bs - 1) / bs - first;
+        int64_t k_begin = (first + blocks * split / splits) * bs, k_end = (first + blocks * (split + 1) / splits) * bs;
+        k_begin = k_begin > run->k_begin ? k_begin : run->k_begin;
+        k_end = k_end < run->k_end ? k_end : run->k_end;
+        float *partial = scratch ? scratch + item * stride : NULL;
+        /* Copies for the common head sizes (64, 128) and each cache type: with the head size a
+         * constant its loops unroll and the accumulators stay in registers. */
+#define TASK(NC, KV) decode_task(a, run, h, k_begin, k_end, partial, NC, bf16, KV)
+#define TASKS(KV)                 \
+    if (nc == 64 / LANES)         \
+        TASK(64 / LANES, KV);     \
+    else if (nc == 128 / LANES)   \
+        TASK(128 / LANES, KV);    \
+    else                          \
+        TASK(nc, KV);
         if (kv == E4M3) {
             TASKS(E4M3)
         } else if (kv == E5M2) {
             TASKS(E5M2)
-        } else if (bf16) {
+        } else if (kv == BF16) {
             TASKS(BF16)
         } else {
             TASKS(F32)
@@ -485,9 +354,10 @@ static int paged_decode(const DecodeArgs *a, int64_t num_reqs, int64_t head_size
 #undef TASK
     }
     if (scratch) {
-        merge_splits(a, tasks, splits, scratch, head_size, bf16);
+        merge_splits(a, runs, tasks, splits, scratch, stride, head_size, bf16);
         free(scratch);
     }
+    free(runs);
     return 0;
 }
 
@@ -572,9 +442,11 @@ static int attend_layer(const void *q, int64_t q_stride, const void *key, int64_
     if (s->num_slots)
         write_kv(key, key_stride, value, value_stride, k_cache, v_cache, s->slots, s->num_slots, l->num_kv_heads,
                  l->block_size, l->head_size, bf16, kv, k_scale, v_scale);
+    const float load_scale = kv == E4M3 || kv == E5M2 ? FP8_LOAD_SCALE(kv) : 1.0f;
     const DecodeArgs a = {q, k_cache, v_cache, out, s->tables, s->q_rows, s->table_rows, s->seq_lens,
                           q_stride, out_stride, s->table_stride, l->num_kv_heads, l->num_heads / l->num_kv_heads,
-                          l->block_size, l->window, l->scale, l->soft_cap, k_scale, v_scale};
+                          l->block_size, l->window, l->scale, l->soft_cap, k_scale * load_scale,
+                          v_scale * load_scale};
     return paged_decode(&a, s->num_reqs, l->head_size, bf16, kv);
 }
 

@@ -2,8 +2,8 @@
 
 Decode attention in tensor ops must first gather every request's key and value blocks into a batch
 (a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); the
-decode kernel reads the blocks where they lie, once, with the query heads of a group sharing each
-read. The prompt kernel (bfloat16) does the same for prompt segments, with `vdpbf16ps` scores: torch's
+decode kernel reads the blocks where they lie, once, with the query heads of a group and the rows of
+a request (the tokens verifying its drafts) sharing each read. The prompt kernel (bfloat16) does the same for prompt segments, with `vdpbf16ps` scores: torch's
 CPU flash-attention kernel computes bfloat16 in float32 at a fraction of the bfloat16 GEMM rate.
 The shared object is compiled with the system C compiler (the one torch.compile needs on CPU anyway)
 into the pagedllm cache directory, keyed by the source, the flags, the compiler and the CPU, so it is
@@ -34,6 +34,9 @@ from pagedllm.platforms.cpu import CpuPlatform
 logger = logging.getLogger("pagedllm.attention")
 
 SOURCE = Path(__file__).with_name("cpu_decode.c")
+# The decode kernel and the vector helpers it #includes: every library built on the decode kernel
+# keys its build on both.
+SOURCES = (SOURCE, Path(__file__).with_name("cpu_vec.h"))
 # The kernel library's source: the prompt-attention kernel, which #includes the decode kernel.
 _LIBRARY_SOURCE = Path(__file__).with_name("cpu_prefill.c")
 # Tried in order: the best code for this CPU first, then plainer builds (a compiler without OpenMP
@@ -123,7 +126,8 @@ _PREFILL_ARGTYPES = [
     ctypes.c_int64,  # segments
     ctypes.POINTER(LayerArgs),
 ]
-# The C kernel's fixed per-thread buffers (MAX_GROUP, MAX_HEAD) and vector width (LANES).
+# The C kernel's fixed per-thread buffers (MAX_GROUP, MAX_HEAD) and its widest vector (LANES floats,
+# AVX-512; 8 on other CPUs): head sizes and the prompt kernel's block sizes are multiples of it.
 MAX_GROUP, MAX_HEAD, LANES = 16, 256, 16
 # Query vectors per work item of the prompt kernel (TILE_M): a group's heads must fit in one.
 PREFILL_TILE = 48
@@ -185,7 +189,7 @@ def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or None where it cannot be built (logged once)."""
     lib = load_native(
         "cpu_attention",
-        [_LIBRARY_SOURCE, SOURCE],
+        [_LIBRARY_SOURCE, *SOURCES],
         "CPU attention kernels",
         "attention uses tensor ops, which are slower",
     )

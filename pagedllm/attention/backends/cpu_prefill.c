@@ -143,13 +143,13 @@ INLINE void prefill_task(const PrefillArgs *a, int64_t seg, int64_t h, int64_t r
             vec old_max, old_sum;
             memcpy(&old_max, run_max + m0, sizeof(vec));
             memcpy(&old_sum, run_sum + m0, sizeof(vec));
-            const vec new_max = combine(old_max, reduce_lanes16(scores, 1), 1);
+            const vec new_max = combine(old_max, reduce_lanes(scores, 1), 1);
             const vec fix = exp_nonpositive_vec(old_max - new_max);
             for (int r = 0; r < QK_ROWS; r++) {
                 w[r] = select_vec(valid[r], exp_nonpositive_vec(scores[r] - new_max[r]), (vec){0});
                 memcpy(p[m0 + r], &w[r], sizeof(vec));
             }
-            const vec new_sum = old_sum * fix + reduce_lanes16(w, 0);
+            const vec new_sum = old_sum * fix + reduce_lanes(w, 0);
             memcpy(run_max + m0, &new_max, sizeof(vec));
             memcpy(run_sum + m0, &new_sum, sizeof(vec));
             memcpy(correction + m0, &fix, sizeof(vec));

@@ -156,7 +156,7 @@ INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int6
             const __m512 s = _mm512_add_ps(a0, a1);
             memcpy(&acc[r], &s, sizeof s);
         }
-        const vec sums = reduce_lanes16(acc, 0);
+        const vec sums = reduce_lanes(acc, 0);
         for (int64_t r = 0; r < rows; r++)
             store_row(y, t * LANES + r, bias ? sums[r] + get(bias, t * LANES + r, bf16) : sums[r], bf16);
     }

@@ -91,7 +91,7 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 def _library() -> ctypes.CDLL | None:
     lib = cpu_decode.load_native(
         "llama_decode",
-        [SOURCE, cpu_decode.SOURCE],
+        [SOURCE, *cpu_decode.SOURCES],
         "native decode path",
         "single-sequence decode steps run the compiled graphs",
     )
