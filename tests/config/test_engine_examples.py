@@ -369,7 +369,7 @@ def test_hybrid_manager_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture) 
     with caplog.at_level(logging.WARNING, logger="pagedllm.config"):
         cfg = build_cuda(kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both"))
     assert cfg.scheduler_config.disable_hybrid_kv_cache_manager is True
-    assert "does not support the hybrid KV cache manager" in caplog.text
+    assert "turning off the hybrid KV cache manager: KV connector NixlConnector" in caplog.text
     with override_platform("cuda", capability=(9, 0)):
         explicit = EngineConfig(
             model_config=ModelConfig(), scheduler_config=SchedulerConfig(disable_hybrid_kv_cache_manager=True)
