@@ -7,7 +7,6 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import psutil
@@ -43,8 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     group.add_argument(
         "--spec-baseline",
         action="store_true",
-        help="With --speculative-config: also run the same prompts without speculation (a second engine, "
-        "the prompts alternating between the two), and report the decode speed-up.",
+        help="With --speculative-config: first run the same prompts without speculation, and report the "
+        "decode speed-up.",
     )
     add_baseline_args(group, "prefill and greedy decode", (*GGUF_BASELINES, "llama.cpp"))
     group.add_argument("--output-json", default=None, help="Write the figures to this JSON file.")
@@ -238,46 +237,31 @@ def _hf_baselines(
     return rows
 
 
-def _decode_speed(engines: dict[str, Any], prompts: list[list[int]], args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Decode tokens/s (every decode token over the decode time) of each engine on the prompts,
-    --batch-size at a time (each to its end of sequence), and the acceptance figures of speculation.
-    With several engines the batches alternate between them, the one going first alternating too, so
-    that a change in the machine's load falls on all of them alike."""
-    for name, engine in engines.items():
-        for i in range(args.num_iters_warmup):
-            run_batch(engine, prompts[: args.batch_size], args.output_len, f"{name}-warmup{i}", ignore_eos=False)
-    names = list(engines)
-    decode_s = dict.fromkeys(names, 0.0)
-    tokens = dict.fromkeys(names, 0)
-    spec = {name: SpecDecodingStats() for name in names}
-    for b, start in enumerate(range(0, len(prompts), args.batch_size)):
-        for name in names if b % 2 == 0 else names[::-1]:
-            engine = engines[name]
-            engine.reset_prefix_cache()
-            res = run_batch(engine, prompts[start : start + args.batch_size], args.output_len, f"{name}-{start}", False)
-            decode_s[name] += sum(res.decode_steps)
-            tokens[name] += res.num_decode_tokens
-            spec[name].num_drafts += res.spec.num_drafts
-            spec[name].num_draft_tokens += res.spec.num_draft_tokens
-            spec[name].num_accepted_tokens += res.spec.num_accepted_tokens
-    report: dict[str, dict[str, float]] = {}
-    for name in names:
-        out = report[name] = {
-            "decode_tokens": tokens[name],
-            "decode_s": decode_s[name],
-            "decode_tokens_per_s": tokens[name] / max(decode_s[name], 1e-9),
-        }
-        s = spec[name]
-        if s.num_drafts:
-            out["num_drafts"] = s.num_drafts
-            out["mean_acceptance_length"] = 1 + s.num_accepted_tokens / s.num_drafts
-            out["draft_acceptance_rate"] = s.num_accepted_tokens / max(s.num_draft_tokens, 1)
-    return report
+def _decode_speed(engine, prompts: list[list[int]], args: argparse.Namespace, tag: str) -> dict[str, float]:
+    """Decode tokens/s (every decode token over the decode time) of the prompts, --batch-size at a time
+    (each to its end of sequence), and the acceptance figures of speculation."""
+    for i in range(args.num_iters_warmup):
+        run_batch(engine, prompts[: args.batch_size], args.output_len, f"{tag}-warmup{i}", ignore_eos=False)
+    decode_s = 0.0
+    tokens = 0
+    spec = SpecDecodingStats()
+    for start in range(0, len(prompts), args.batch_size):
+        engine.reset_prefix_cache()
+        res = run_batch(engine, prompts[start : start + args.batch_size], args.output_len, f"{tag}-{start}", False)
+        decode_s += sum(res.decode_steps)
+        tokens += res.num_decode_tokens
+        spec.num_drafts += res.spec.num_drafts
+        spec.num_draft_tokens += res.spec.num_draft_tokens
+        spec.num_accepted_tokens += res.spec.num_accepted_tokens
+    out = {"decode_tokens": tokens, "decode_s": decode_s, "decode_tokens_per_s": tokens / max(decode_s, 1e-9)}
+    if spec.num_drafts:
+        out["mean_acceptance_length"] = 1 + spec.num_accepted_tokens / spec.num_drafts
+        out["draft_acceptance_rate"] = spec.num_accepted_tokens / max(spec.num_draft_tokens, 1)
+    return out
 
 
 def run_dataset(args: argparse.Namespace) -> int:
-    """`--dataset grounded|chat`: decode speed on built-in prompts, optionally against no speculation
-    (both engines loaded at once, the prompts alternating between them)."""
+    """`--dataset grounded|chat`: decode speed on built-in prompts, optionally against no speculation."""
     from pagedllm.engine.llm_engine import LLMEngine
 
     make = grounded_requests if args.dataset == "grounded" else open_chat_requests
@@ -288,22 +272,20 @@ def run_dataset(args: argparse.Namespace) -> int:
             raise ValueError("--spec-baseline needs --speculative-config")
         runs.append(("plain", dataclasses.replace(engine_args, speculative_config=None)))
     runs.append(("speculative" if engine_args.speculative_config is not None else "plain", engine_args))
-    engines = {name: LLMEngine.from_engine_args(ea) for name, ea in runs}
-    requests = render_chat(make(args.num_prompts, args.output_len), next(iter(engines.values())).get_tokenizer())
-    prompts: list[list[int]] = [r.prompt_token_ids for r in requests]  # type: ignore[misc]
-    report: dict[str, object] = {
-        "dataset": args.dataset,
-        "num_prompts": args.num_prompts,
-        "mean_prompt_len": float(np.mean([len(p) for p in prompts])),
-    }
-    speeds = _decode_speed(engines, prompts, args)
-    for name, engine in engines.items():
+    report: dict[str, object] = {"dataset": args.dataset, "num_prompts": args.num_prompts}
+    prompts: list[list[int]] = []
+    for name, ea in runs:
+        engine = LLMEngine.from_engine_args(ea)
+        if not prompts:
+            requests = render_chat(make(args.num_prompts, args.output_len), engine.get_tokenizer())
+            prompts = [r.prompt_token_ids for r in requests]  # type: ignore[misc]
+            report["mean_prompt_len"] = float(np.mean([len(p) for p in prompts]))
+        report[name] = res = _decode_speed(engine, prompts, args, name)
         engine.shutdown()
-        report[name] = res = speeds[name]
         line = f"{name}: {res['decode_tokens']} decode tokens in {res['decode_s']:.2f} s -> {res['decode_tokens_per_s']:.1f} tok/s"
         if "mean_acceptance_length" in res:
             line += (
-                f", {res['num_drafts']} verifications, mean acceptance length {res['mean_acceptance_length']:.2f}"
+                f", mean acceptance length {res['mean_acceptance_length']:.2f}"
                 f" (draft acceptance rate {res['draft_acceptance_rate']:.1%})"
             )
         print(line)

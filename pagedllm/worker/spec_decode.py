@@ -11,7 +11,6 @@ the step, `propose` drafts the next tokens of the requests that sampled.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,6 @@ from pagedllm.layers.sampler import Sampler
 from pagedllm.sample.metadata import build_sampling_metadata
 from pagedllm.sample.rejection_sampler import verify
 from pagedllm.spec_decode import DraftLength, make_proposer
-from pagedllm.spec_decode.backoff import DraftBackoff, VerifyCost
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.draft_model import DraftModelProposer
 from pagedllm.worker.eagle import EagleProposer, TargetStep
@@ -110,14 +108,10 @@ class SpecDecodeRunner:
         self.max_model_len = max_model_len
         # The requests that sampled in the last step: the ones to draft for.
         self.sampled_req_ids: list[str] = []
-        # Per request: the draft length from its acceptance, and (cheap drafters only) the pauses
-        # where drafting does not pay for its verification.
-        self.backoff = DraftBackoff(pausing=self.proposer is not None)
-        # The measured cost of verifying (cheap drafters): each step timed from the end of the last
-        # proposal to the end of its sampling, with the drafts it was given.
-        self.cost = VerifyCost() if self.proposer is not None else None
-        self._step_start: float | None = None
-        self._proposed: dict[str, list[int]] = {}
+        # Per request: moving average of the fraction of its drafts accepted. A request drafts
+        # k x that (at least 1), so where drafts keep failing (open-ended text) it verifies 1 token
+        # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
+        self.acceptance: dict[str, float] = {}
 
     def load_model(self, target: nn.Module) -> None:
         if isinstance(self.model_drafter, EagleProposer):
@@ -136,22 +130,11 @@ class SpecDecodeRunner:
         """The step's sampling requests are the next ones to draft for; an EAGLE head reads the hidden
         states of every token the target computed (EAGLE-3: the auxiliary ones, side by side)."""
         self.sampled_req_ids = [req_ids[i] for i in sample_idx.tolist()]
-        if self.cost is not None and self._step_start is not None:
-            self._time_step(req_ids, query_start_loc, sample_idx, time.perf_counter() - self._step_start)
         if isinstance(self.model_drafter, EagleProposer):
             features = torch.cat(aux_hidden, dim=-1) if aux_hidden else hidden
             self.model_drafter.observe(
                 TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), features)
             )
-
-    def _time_step(self, req_ids: list[str], query_start_loc: np.ndarray, sample_idx: np.ndarray, seconds: float) -> None:
-        """Count a pure decode step (every request sampled, each ran its last token and the drafts it
-        was proposed: no prefill, no drafts dropped) towards the step time with or without drafts."""
-        assert self.cost is not None
-        drafted = sum(len(self._proposed.get(r, ())) for r in req_ids)
-        num_tokens = int(query_start_loc[len(req_ids)] - query_start_loc[0])
-        if sample_idx.size == len(req_ids) and num_tokens == len(req_ids) + drafted:
-            self.cost.observe(len(req_ids), drafted > 0, seconds)
 
     def kv_cache_share(self, target_bytes_per_block: int, kv_cache_dtype: torch.dtype) -> float:
         """The target's share of the KV cache budget (a draft model's cache has as many blocks)."""
@@ -176,7 +159,7 @@ class SpecDecodeRunner:
 
     def forget(self, batch: InputBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
-        self.backoff.forget(req_id)
+        self.acceptance.pop(req_id, None)
         if self.model_drafter is not None:
             self.model_drafter.forget(req_id)
             return
@@ -185,21 +168,12 @@ class SpecDecodeRunner:
         self.proposer.forget(req_id, None if row is None else batch.output_token_ids(row).copy())
 
     def propose(self, batch: InputBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
-        drafts = self._propose(batch, generators)
-        if self.cost is not None:
-            self._proposed = drafts
-            self._step_start = time.perf_counter()
-        return drafts
-
-    def _propose(self, batch: InputBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
         k = self.draft_length(len(self.sampled_req_ids))
         drafts: dict[str, list[int]] = {}
         if k == 0 and not isinstance(self.model_drafter, EagleProposer):
             # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes;
             # an EAGLE head must still read this step's hidden states).
             return drafts
-        if self.cost is not None:
-            self.backoff.overhead = self.cost.overhead(len(self.sampled_req_ids))
         requests: list[DraftRequest] = []
         for req_id in self.sampled_req_ids if k > 0 else ():
             row = batch.req_id_to_row.get(req_id)
@@ -211,9 +185,7 @@ class SpecDecodeRunner:
             if params is not None and params.max_tokens is not None:
                 # Accepted drafts plus the target's own token must fit in max_tokens.
                 room = min(room, params.max_tokens - (n - int(batch.num_prompt_tokens[row])) - 1)
-            k_req = min(self.backoff.num_drafts(req_id, k), room)
-            if k_req <= 0:
-                continue
+            k_req = min(max(1, round(k * self.acceptance.get(req_id, 1.0))), room)
             temperature = 0.0 if params is None else params.temperature
             requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
         if self.model_drafter is not None:
@@ -312,7 +284,8 @@ class SpecDecodeRunner:
         for req_id, tokens in zip(req_ids, verified.token_ids):
             d = drafts.get(req_id)
             if d:
-                self.backoff.observe(req_id, len(d), len(tokens) - 1)
+                rate = (len(tokens) - 1) / len(d)
+                self.acceptance[req_id] = 0.5 * self.acceptance.get(req_id, 1.0) + 0.5 * rate
         for row, tokens in zip(rows.tolist(), verified.token_ids):
             n = int(batch.num_tokens[row])
             batch.token_ids[row, n : n + len(tokens)] = tokens
