@@ -3,8 +3,9 @@
 Decode attention in tensor ops must first gather every request's key and value blocks into a batch
 (a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); the
 decode kernel reads the blocks where they lie, once, with the query heads of a group and the rows of
-a request (the tokens verifying its drafts) sharing each read. The prompt kernel (bfloat16) does the same for prompt segments, with `vdpbf16ps` scores: torch's
-CPU flash-attention kernel computes bfloat16 in float32 at a fraction of the bfloat16 GEMM rate.
+a request (the tokens verifying its drafts) sharing each read. The prompt kernel (bfloat16) does the
+same for prompt segments, with `vdpbf16ps` scores: torch's CPU flash-attention kernel computes
+bfloat16 in float32 at a fraction of the bfloat16 GEMM rate.
 The shared object is compiled with the system C compiler (the one torch.compile needs on CPU anyway)
 into the pagedllm cache directory, keyed by the source, the flags, the compiler and the CPU, so it is
 built once per machine. Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
