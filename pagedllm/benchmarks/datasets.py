@@ -149,10 +149,10 @@ GROUNDED_TEXTS = (
     "two working days. Thank you for helping the town recycle more and send less waste to landfill.",
 )
 GROUNDED_TASKS = (
-    "Summarize the following text in a few sentences.",
-    "Rewrite the following text in simpler English, keeping every detail.",
-    "Repeat the following text exactly, but change every number into digits and fix any mistakes.",
-    "Rewrite the following text as a numbered list of its main points, using its own words.",
+    "Summarize the text above in a few sentences, reusing its own wording.",
+    "Rewrite the text above in simpler English, keeping every detail.",
+    "Repeat the text above exactly, but change every number into digits and fix any mistakes.",
+    "Rewrite the text above as a numbered list of its main points, using its own words.",
 )
 # Open-ended chat prompts: nothing in the prompt to copy from.
 OPEN_CHAT_PROMPTS = (
@@ -166,14 +166,21 @@ OPEN_CHAT_PROMPTS = (
 
 
 def grounded_requests(num_prompts: int, output_len: int) -> list[SampleRequest]:
-    """Summarize / rewrite / edit prompts over the texts above (every text x every task, cycled)."""
-    pairs = [(task, text) for text in GROUNDED_TEXTS for task in GROUNDED_TASKS]
+    """Summarize / rewrite / edit prompts over the texts above: prompt i asks task i mod 4 of text
+    i mod 3 (12 distinct pairs), the text first and the task after it (a document, then the question
+    about it: with the task first, SmolLM2-135M tends to ignore the first text and write its own)."""
     return [
         SampleRequest(
             output_len=output_len,
-            messages=[{"role": "user", "content": f"{task}\n\n{text}"}],
+            messages=[
+                {
+                    "role": "user",
+                    "content": f"Text:\n{GROUNDED_TEXTS[i % len(GROUNDED_TEXTS)]}\n\n"
+                    f"{GROUNDED_TASKS[i % len(GROUNDED_TASKS)]}",
+                }
+            ],
         )
-        for task, text in (pairs[i % len(pairs)] for i in range(num_prompts))
+        for i in range(num_prompts)
     ]
 
 
