@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pagedllm.spec_decode.draft_control import (
+    DECAY,
     VERIFY_BASE,
     VERIFY_PER_DRAFT,
     DraftControl,
@@ -27,53 +28,52 @@ def test_best_length_against_brute_force() -> None:
     assert best_length(0.0, 6) == 0
 
 
-def _drive(control: DraftControl, script: list[tuple[list[int], list[int]]], k: int = 4) -> list[int]:
-    """Steps of one request: each (proposal, emitted tokens). Returns the verified draft length of
-    every step (the emitted tokens stand for what the target produced, with or without drafts)."""
-    tokens = list(range(100, 120))
+def _drive(control: DraftControl, copied_from: int, k: int = 4, length: int = 60) -> list[int]:
+    """Decode one request whose target output is 1000, 1001, ...: before output position
+    ``copied_from`` the drafter proposes wrong tokens (open-ended text), from there on the target's
+    next tokens (copied text). Returns the draft length verified at every step."""
+    prompt = list(range(100, 120))
+    out: list[int] = []
     lengths = []
-    for proposal, emitted in script:
-        seq = np.asarray(tokens, dtype=np.int64)
+    while len(out) < length:
+        seq = np.asarray(prompt + out, dtype=np.int64)
+        pos = len(out)
+        proposal = [1000 + pos + j for j in range(k)] if pos >= copied_from else [1, 2, 3, 4][:k]
         n = control.length("r", seq, k)
         lengths.append(n)
         if n > 0 or control.wants_shadow("r"):
-            control.record("r", proposal[:n] if n else proposal, len(tokens))
-        tokens += emitted
+            control.record("r", proposal[:n] if n else proposal, seq.size)
+        accepted = 0
+        while accepted < n and proposal[accepted] == 1000 + pos + accepted:
+            accepted += 1
+        out += [1000 + pos + j for j in range(accepted + 1)]
     return lengths
-
-
-def _chat_then_copy() -> list[tuple[list[int], list[int]]]:
-    # 12 steps whose drafts are all wrong (open-ended text), then 12 whose drafts the output follows.
-    wrong = [([1, 2, 3, 4], [7 + i]) for i in range(12)]
-    copied = [([50 + 4 * i, 51 + 4 * i, 52 + 4 * i, 53 + 4 * i], [50 + 4 * i]) for i in range(12)]
-    return wrong + copied
 
 
 def test_backs_off_on_rejections_and_resumes_on_copying() -> None:
     control = DraftControl(shadows=True)
-    lengths = _drive(control, _chat_then_copy())
+    lengths = _drive(control, copied_from=20)
     # A new request drafts all k at once; rejections stop drafting within a few steps, and it stays off.
     assert lengths[0] == 4
     first_off = lengths.index(0)
     assert first_off <= 3
-    assert all(n == 0 for n in lengths[first_off:12])
-    # Once the output follows the (shadow) drafts, drafting resumes and reaches the full k.
-    assert any(n > 0 for n in lengths[12:18])
+    assert all(n == 0 for n in lengths[first_off:20])
+    # Once the output follows the (shadow) drafts, drafting resumes within a few steps and drafts all k.
+    assert lengths[20:30].count(4) >= 3
     assert lengths[-1] == 4
 
 
 def test_no_shadows_for_model_drafters() -> None:
     control = DraftControl(shadows=False)
-    lengths = _drive(control, _chat_then_copy())
+    lengths = _drive(control, copied_from=20)
     # At least one draft every step, fewer after rejections, more once drafts are accepted again.
     assert min(lengths) == 1 and lengths[0] == 4
-    assert lengths[11] == 1 and lengths[-1] > 1
+    assert lengths[19] == 1 and lengths[-1] > 1
     assert not control.wants_shadow("r")
 
 
 def test_same_history_same_lengths() -> None:
-    script = _chat_then_copy()
-    assert _drive(DraftControl(shadows=True), script) == _drive(DraftControl(shadows=True), script)
+    assert _drive(DraftControl(shadows=True), 20) == _drive(DraftControl(shadows=True), 20)
 
 
 def test_pending_drafts_scored_once_decided() -> None:
@@ -90,6 +90,6 @@ def test_pending_drafts_scored_once_decided() -> None:
     control.length("r", np.asarray([1, 2, 3, 4, 5, 9], dtype=np.int64), 4)
     h = control.requests["r"]
     assert h.pending is None
-    assert (h.accepted, h.tried) == (0.5 + 2, 0.5 + 3)
+    assert (h.accepted, h.tried) == (DECAY + 2, DECAY + 3)
     control.forget("r")
     assert "r" not in control.requests
