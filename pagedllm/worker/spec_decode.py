@@ -190,7 +190,7 @@ class SpecDecodeRunner:
             temperature = 0.0 if params is None else params.temperature
             requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
         if self.model_drafter is not None:
-            drafts = self.model_drafter.propose(batch, [r for r in requests if r.num_drafts > 0])
+            drafts = self.model_drafter.propose(batch, requests)
             for r in requests:
                 self.control.record(r.req_id, drafts.get(r.req_id, []), int(batch.num_tokens[r.row]))
         else:
