@@ -33,8 +33,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         "--dataset",
         choices=("random", "grounded", "chat"),
         default="random",
-        help="'random' token ids of --input-len; 'grounded': summarize/rewrite/edit prompts over a given "
-        "text of ~500 tokens (where speculative decoding by prompt lookup applies); 'chat': open-ended "
+        help="'random' token ids of --input-len; 'grounded': edit/rewrite/extractive-summary prompts over a "
+        "given text of ~500 tokens (where speculative decoding by prompt lookup applies); 'chat': open-ended "
         "chat prompts. The built-in prompts run --num-prompts in all, --batch-size at a time, each "
         "until its end of sequence or --output-len.",
     )

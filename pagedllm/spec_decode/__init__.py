@@ -2,8 +2,10 @@
 
 `make_proposer` builds the drafter a `SpeculativeConfig` names; `DraftLength` decides how many tokens
 to draft at a given batch size (the `num_speculative_tokens_per_batch_size` schedule and the
-compute-bound off-switch). Verification is `pagedllm.sample.rejection_sampler`; the model runner's
-side is `pagedllm.worker.spec_decode`.
+compute-bound off-switch), and `draft_control.DraftControl` how many of those each request verifies
+(those whose expected acceptance pays for the verification, from the request's own history).
+Verification is `pagedllm.sample.rejection_sampler`; the model runner's side is
+`pagedllm.worker.spec_decode`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from pagedllm.layers.sampler import Sampler
 from pagedllm.sample.metadata import build_sampling_metadata
 from pagedllm.sample.rejection_sampler import verify
 from pagedllm.spec_decode import DraftLength, make_proposer
+from pagedllm.spec_decode.draft_control import DraftControl
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.draft_model import DraftModelProposer
 from pagedllm.worker.eagle import EagleProposer, TargetStep
@@ -108,10 +109,9 @@ class SpecDecodeRunner:
         self.max_model_len = max_model_len
         # The requests that sampled in the last step: the ones to draft for.
         self.sampled_req_ids: list[str] = []
-        # Per request: moving average of the fraction of its drafts accepted. A request drafts
-        # k x that (at least 1), so where drafts keep failing (open-ended text) it verifies 1 token
-        # instead of k, and a run of copied text (everything accepted) brings it back to k at once.
-        self.acceptance: dict[str, float] = {}
+        # Per request: how many drafts pay for their verification, from its acceptance history
+        # (token drafters are also asked while a request drafts nothing: shadow drafts keep it up).
+        self.control = DraftControl(shadows=self.proposer is not None)
 
     def load_model(self, target: nn.Module) -> None:
         if isinstance(self.model_drafter, EagleProposer):
@@ -159,7 +159,7 @@ class SpecDecodeRunner:
 
     def forget(self, batch: InputBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
-        self.acceptance.pop(req_id, None)
+        self.control.forget(req_id)
         if self.model_drafter is not None:
             self.model_drafter.forget(req_id)
             return
@@ -169,11 +169,10 @@ class SpecDecodeRunner:
 
     def propose(self, batch: InputBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
         k = self.draft_length(len(self.sampled_req_ids))
-        drafts: dict[str, list[int]] = {}
         if k == 0 and not isinstance(self.model_drafter, EagleProposer):
             # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes;
             # an EAGLE head must still read this step's hidden states).
-            return drafts
+            return {}
         requests: list[DraftRequest] = []
         for req_id in self.sampled_req_ids if k > 0 else ():
             row = batch.req_id_to_row.get(req_id)
@@ -185,17 +184,25 @@ class SpecDecodeRunner:
             if params is not None and params.max_tokens is not None:
                 # Accepted drafts plus the target's own token must fit in max_tokens.
                 room = min(room, params.max_tokens - (n - int(batch.num_prompt_tokens[row])) - 1)
-            k_req = min(max(1, round(k * self.acceptance.get(req_id, 1.0))), room)
+            k_req = min(self.control.length(req_id, batch.token_ids[row, :n], k), room)
+            if k_req <= 0 and not (room > 0 and self.control.wants_shadow(req_id)):
+                continue
             temperature = 0.0 if params is None else params.temperature
             requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
         if self.model_drafter is not None:
             drafts = self.model_drafter.propose(batch, requests)
+            for r in requests:
+                self.control.record(r.req_id, drafts.get(r.req_id, []), int(batch.num_tokens[r.row]))
         else:
             assert self.proposer is not None
+            drafts = {}
             for r in requests:
-                drafts[r.req_id] = self.proposer.propose(
-                    r.req_id, batch.token_ids[r.row, : int(batch.num_tokens[r.row])], r.num_drafts
-                )
+                n = int(batch.num_tokens[r.row])
+                # A request that verifies nothing this step drafts a shadow of the full k, which its
+                # next tokens score (see pagedllm.spec_decode.draft_control).
+                proposed = self.proposer.propose(r.req_id, batch.token_ids[r.row, :n], r.num_drafts or k)
+                self.control.record(r.req_id, proposed[: r.num_drafts] if r.num_drafts else proposed, n)
+                drafts[r.req_id] = proposed[: r.num_drafts]
         return {req_id: tokens for req_id, tokens in drafts.items() if tokens}
 
     def _draft_probs(
@@ -281,11 +288,6 @@ class SpecDecodeRunner:
             _merge_logprobs(per_row, int(cu_num_logits[i]), len(tokens))
             for i, tokens in enumerate(verified.token_ids)
         ]
-        for req_id, tokens in zip(req_ids, verified.token_ids):
-            d = drafts.get(req_id)
-            if d:
-                rate = (len(tokens) - 1) / len(d)
-                self.acceptance[req_id] = 0.5 * self.acceptance.get(req_id, 1.0) + 0.5 * rate
         for row, tokens in zip(rows.tolist(), verified.token_ids):
             n = int(batch.num_tokens[row])
             batch.token_ids[row, n : n + len(tokens)] = tokens
