@@ -28,8 +28,16 @@ _ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX2 + AVX-512 VNNI"}
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Declare the kernels' signatures on a loaded build of gguf_kernels.c."""
+@functools.cache
+def library() -> ctypes.CDLL:
+    lib = cpu_decode.load_native(
+        "gguf_kernels", [SOURCE, BLOCKS, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
+    )
+    if lib is None:
+        raise RuntimeError(
+            "the GGUF kernels could not be built (no C compiler: set CC); "
+            "load the model with quantization=None to run it on dequantized weights"
+        )
     lib.gguf_matmul.argtypes = [
         ctypes.c_int64,  # shards
         ctypes.c_void_p,  # their addresses
@@ -60,19 +68,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gguf_row_bytes.restype = ctypes.c_int64
     lib.gguf_kernel_isa.restype = ctypes.c_int
     return lib
-
-
-@functools.cache
-def library() -> ctypes.CDLL:
-    lib = cpu_decode.load_native(
-        "gguf_kernels", [SOURCE, BLOCKS, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
-    )
-    if lib is None:
-        raise RuntimeError(
-            "the GGUF kernels could not be built (no C compiler: set CC); "
-            "load the model with quantization=None to run it on dequantized weights"
-        )
-    return bind(lib)
 
 
 def isa() -> str:
