@@ -18,6 +18,8 @@
  */
 #include "../attention/backends/cpu_decode.c"
 
+/* Scoped: llama_decode.c includes this file, and its own code keeps the build's flags. */
+#pragma GCC push_options
 #pragma GCC optimize("no-associative-math")
 
 #define MAX_ROWS 8
@@ -138,3 +140,5 @@ int skinny_gemm_bf16(const void *x, int64_t x_stride, const void *w, const void 
 }
 
 int skinny_gemm_max_rows(void) { return MAX_ROWS; }
+
+#pragma GCC pop_options

@@ -12,8 +12,11 @@ from torch import nn
 
 
 class NativeDecoder(Protocol):
-    """`(input_ids, positions) -> hidden_states` of a one-token step of decodes only, in one native
-    call; None where it cannot serve the step (then the compiled graphs run it)."""
+    """`(input_ids, positions) -> hidden_states` of a step of decode rows only (at most `max_rows`
+    tokens: one sequence decoding, a few together, or one verifying its drafts), in one native call;
+    None where it cannot serve the step (then the compiled graphs run it)."""
+
+    max_rows: int
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None: ...
 

@@ -19,10 +19,11 @@
 
 Attention is an opaque custom op (`pagedllm::unified_attention`), so a block is one graph.
 
-A one-token step of decodes only (one sequence decoding) runs the model body (embedding, decoder
-layers, final norm) in one native call instead, where the model declares a native path
-(`SupportsNativeDecode`, e.g. `pagedllm.models.native.llama_decode`) and it accepts the loaded model;
-the graphs of size 1 still serve every other model.
+A step of a few decode tokens only (one sequence decoding, a few together, or one verifying its
+drafts: up to the native path's `max_rows`) runs the model body (embedding, decoder layers, final
+norm) in one native call instead, where the model declares a native path (`SupportsNativeDecode`,
+e.g. `pagedllm.models.native.llama_decode`) and it accepts the loaded model; the graphs of those
+sizes still serve every other model and every step the path declines.
 
 Once a (block, shape class) is compiled, later calls skip Dynamo's frame evaluation: the bytecode
 Dynamo generated for that compile (which fetches the graph's inputs from the block and calls the
@@ -155,7 +156,7 @@ class CompiledForward:
         # Part of every graph's key beside the shape class: a state the traced code branches on (the
         # step has LoRA adapters or not), which the skipped guards would otherwise bake in.
         self.graph_variant: Callable[[], Hashable] = lambda: None
-        # One-token steps of decodes only, in one native call where the model allows it.
+        # Steps of a few decode tokens only, in one native call where the model allows it.
         self.native: NativeDecoder | None = None
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
             self._stock: Forward = torch.compile(model, backend=self.backend)  # type: ignore[assignment]
@@ -269,7 +270,7 @@ class CompiledForward:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
             return self._stock(input_ids, positions)
-        if input_ids.shape[0] == 1 and self.native is not None:
+        if self.native is not None and input_ids.shape[0] <= self.native.max_rows:
             hidden = self.native(input_ids, positions)
             if hidden is not None:
                 return hidden

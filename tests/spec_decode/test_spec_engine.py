@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from distribution_check import same_distribution_pvalue
 from tiny_llm import make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.models.native import llama_decode
 
 # Repetitive prompts: the tiny model's greedy output loops, so the drafters find matches.
 PROMPTS = [
@@ -150,3 +152,40 @@ def test_sampled_distribution_matches_plain(model_dir: Path) -> None:
     llm = _llm(model_dir, max_num_seqs=8, speculative_config=spec)
     ours = histogram(llm)
     assert same_distribution_pvalue(plain, ours) > 1e-3
+
+
+@pytest.mark.skipif(
+    not llama_decode._supports(torch.float32),
+    reason="the native decode path of float32 weights needs a C compiler and AVX-512 or AVX2 + FMA",
+)
+def test_compiled_verification_runs_natively_and_matches_plain(model_dir: Path, tmp_path: Path) -> None:
+    """At the compiled default a step verifying drafts (1 + k tokens of one request) runs in the
+    native one-call body, as one-token steps do; greedy outputs stay those of the engine without
+    speculation."""
+    served: list[tuple[int, bool]] = []
+    original_call = llama_decode.LlamaNativeDecoder.__call__
+
+    def counting(self: Any, input_ids: torch.Tensor, positions: torch.Tensor) -> Any:
+        out = original_call(self, input_ids, positions)
+        served.append((input_ids.shape[0], out is not None))
+        return out
+
+    def compiled(**kwargs: Any) -> LLM:
+        return LLM(
+            model=str(model_dir),
+            dtype="float32",
+            max_model_len=256,
+            compilation_config={"cache_dir": str(tmp_path / "compile-cache")},
+            **kwargs,
+        )
+
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(llama_decode.LlamaNativeDecoder, "__call__", counting)
+        want = _tokens(_run(compiled(), params))
+        spec = compiled(speculative_config=SPECS["ngram"])
+        served.clear()  # the start-up's warm-up runs (without attention metadata) use the graphs
+        got = _tokens(_run(spec, params))
+    assert got == want
+    # Every step of decode rows only (all but the prompts') ran natively, verifications among them.
+    assert any(rows > 1 for rows, _ in served) and all(ok for _, ok in served), served

@@ -99,10 +99,11 @@ def test_every_level_gives_the_greedy_tokens_of_eager(
     if compiled:
         forward = runner._forward
         assert isinstance(forward, CompiledForward)
-        # One graph per (shape class, first layer or not) for the classes the workload hits (2..8
-        # tokens where the few-row kernel is built, the rest up to 64, and 1 token where one-token
-        # steps do not run natively), plus the single-row LM head: many step sizes, no recompiles.
-        graphs = (3 if forward.native is not None else 5) + FEW_ROW_GRAPHS
+        # One graph per (shape class, first layer or not) for the classes the workload hits (the steps
+        # up to 64 tokens; where decode steps of 1..8 tokens do not run natively, 1 token and 2..8
+        # tokens where the few-row kernel is built), plus the single-row LM head: many step sizes, no
+        # recompiles.
+        graphs = 3 if forward.native is not None else 5 + FEW_ROW_GRAPHS
         assert forward.num_graphs == graphs
         # Every step after a graph's first ran Dynamo's captured bytecode as a plain function, not
         # torch.compile's wrapper (which carries its original callable).

@@ -1,20 +1,25 @@
-/* One decode token of a Llama-family model from its token id to its final hidden states, in one
- * call: float32 weights (AVX-512, or AVX2 + FMA matrix-vector products) or bfloat16 ones (AVX512-BF16),
- * quantized projections through their own kernels' matrix-vector entries, the paged attention
- * kernel of cpu_decode.c.
+/* The decode tokens of a step (1 to MAX_ROWS: one sequence decoding, a few decoding together, or one
+ * request verifying its drafts) of a Llama-family model from their token ids to their final hidden
+ * states, in one call: float32 weights (AVX-512, or AVX2 + FMA matrix-vector products) or bfloat16 ones
+ * (AVX512-BF16), quantized projections through their own kernels' matrix-vector entries, the paged
+ * attention kernel of cpu_decode.c.
  *
- * A single-sequence decode step reads every weight once for one token: it is bound by memory
- * bandwidth, and through compiled graphs it also pays, per layer, the Python of a graph call, its
- * buffer allocations and the attention op's dispatch, with both threads waiting at each hand-off.
- * Here a layer is four matrix-vector products (one parallel loop each, every row read start to end
- * so each thread streams one contiguous range) and a few vector operations between them. The
- * embedding row and the final norm are here too: after the weights streamed through every cache,
- * the dozen tensor ops they took in Python cost ~0.5 ms of cache misses a step.
+ * A decode step of a few tokens reads every weight once: it is bound by memory bandwidth, and
+ * through compiled graphs it also pays, per layer, the Python of a graph call, its buffer
+ * allocations and the attention op's dispatch, with both threads waiting at each hand-off.
+ * Here a layer is four products (one parallel loop each, every weight row read start to end so each
+ * thread streams one contiguous range) and a few vector operations between them. The embedding row
+ * and the final norm are here too: after the weights streamed through every cache, the dozen tensor
+ * ops they took in Python cost ~0.5 ms of cache misses a step. One token's products are
+ * matrix-vector products; several tokens' are skinny_gemm.c's few-row products (each weight row
+ * loaded once for every token), the kernel the graphs call for those shapes, so a token's result is
+ * the same here as there.
  *
  * A quantized projection (GGUF blocks, AWQ/GPTQ int4, fp8) is not read here: its linear method
  * declares a `MatvecFn` of its own kernel library and a descriptor of its weight, called with the
- * input widened to float; the float result is rounded to the element type and the bias added as the
- * module does (its product rounds to the activations' type, then the bias is added in that type).
+ * input widened to float (once per token); the float result is rounded to the element type and the
+ * bias added as the module does (its product rounds to the activations' type, then the bias is added
+ * in that type).
  *
  * Numerics follow the model's modules: every tensor they would produce (normed input, projections,
  * rotated q/k, attention output, activation, residual sums) is rounded to the element type where
@@ -22,7 +27,7 @@
  *
  * Built by llama_decode.py with the flags of cpu_decode.py; loaded with ctypes.
  */
-#include "../../attention/backends/cpu_decode.c"
+#include "../../layers/skinny_gemm.c"
 
 /* Which element types this build's dense products serve: float32 needs AVX-512 or AVX2 + FMA,
  * bfloat16 AVX512-BF16 (an AVX2-only CPU has no bfloat16 dense path: such models keep the graphs,
@@ -218,92 +223,115 @@ INLINE void silu_and_mul(const void *gate_up, void *out, int64_t n, const int bf
     }
 }
 
-/* Projection p (0 qkv, 1 o, 2 gate_up, 3 down) of `layer`: y [n] = W x [k] (+ bias). A quantized one
- * runs its entry on x widened to float (`xf`, k floats) into `yf` (n floats), its result rounded to
- * the element type and the bias added in that type, as the module's product and bias add round. */
+/* Projection p (0 qkv, 1 o, 2 gate_up, 3 down) of `layer` for `rows` tokens: y [rows, n] = x [rows, k]
+ * W^T (+ bias). A quantized one runs its entry per token on the token's x widened to float (`xf`, k
+ * floats) into `yf` (n floats), its result rounded to the element type and the bias added in that
+ * type, as the module's product and bias add round. */
 INLINE int project(const LlamaLayer *layer, int p, const void *W, const void *bias, const void *x, void *y,
-                   int64_t n, int64_t k, float *xf, float *yf, const int bf16) {
+                   int64_t rows, int64_t n, int64_t k, float *xf, float *yf, const int bf16) {
+    const int64_t elem = bf16 ? 2 : 4;
     if (!layer->fns[p]) {
 #if HAVE_F32
         if (bf16 ? HAVE_BF16 : HAVE_F32) {
-            matvec(W, bias, x, y, n, k, bf16);
-            return 0;
+            if (rows == 1) {
+                matvec(W, bias, x, y, n, k, bf16);
+                return 0;
+            }
+            return bf16 ? skinny_gemm_bf16(x, k, W, bias, y, rows, n, k) : skinny_gemm_f32(x, k, W, bias, y, rows, n, k);
         }
 #endif
         return -3;
     }
-    const float *in = x;
-    if (bf16) {
-        for (int64_t i = 0; i < k; i++) xf[i] = get(x, i, 1);
-        in = xf;
-    }
-    float *out = bf16 ? yf : (float *)y;
-    const int status = layer->fns[p](layer->descs[p], in, out);
-    if (status) return -6;
-    for (int64_t i = 0; i < n; i++) {
-        const float v = rnd(out[i], bf16);
-        store_row(y, i, bias ? rnd(v + get(bias, i, bf16), bf16) : v, bf16);
+    for (int64_t r = 0; r < rows; r++) {
+        const char *xr = (const char *)x + r * k * elem;
+        char *yr = (char *)y + r * n * elem;
+        const float *in = (const float *)xr;
+        if (bf16) {
+            for (int64_t i = 0; i < k; i++) xf[i] = get(xr, i, 1);
+            in = xf;
+        }
+        float *out = bf16 ? yf : (float *)yr;
+        if (layer->fns[p](layer->descs[p], in, out)) return -6;
+        for (int64_t i = 0; i < n; i++) {
+            const float v = rnd(out[i], bf16);
+            store_row(yr, i, bias ? rnd(v + get(bias, i, bf16), bf16) : v, bf16);
+        }
     }
     return 0;
 }
 
-INLINE int decode_step(const LlamaModel *m, const int64_t *token, const int64_t *position, const float *cos_sin,
-                       int64_t rotary_rows, void *out, float *floats, void *scratch, const StepArgs *step,
-                       const LayerArgs *attn, const int bf16) {
-    if (*token < 0 || *token >= m->vocab) return -4;
-    if (*position < 0 || *position >= rotary_rows) return -5;
+INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t *positions, int64_t rows,
+                       const float *cos_sin, int64_t rotary_rows, void *out, float *floats, void *scratch,
+                       const StepArgs *step, const LayerArgs *attn, const int bf16) {
+    if (rows < 1 || rows > MAX_ROWS) return -7;
+    for (int64_t r = 0; r < rows; r++) {
+        if (tokens[r] < 0 || tokens[r] >= m->vocab) return -4;
+        if (positions[r] < 0 || positions[r] >= rotary_rows) return -5;
+    }
     const int64_t elem = bf16 ? 2 : 4, H = m->hidden, I = m->intermediate, D = m->head_size;
     const int64_t q_size = m->num_heads * D, kv_size = m->num_kv_heads * D, qkv_size = q_size + 2 * kv_size;
-    char *h = scratch, *x = h + H * elem, *qkv = x + H * elem, *attn_out = qkv + qkv_size * elem;
-    char *gate_up = attn_out + q_size * elem, *act = gate_up + 2 * I * elem;
-    /* floats: the residual stream [H], a quantized projection's float input (at most the widest of H,
-     * q and I) and output. */
+    char *h = scratch, *x = h + rows * H * elem, *qkv = x + rows * H * elem, *attn_out = qkv + rows * qkv_size * elem;
+    char *gate_up = attn_out + rows * q_size * elem, *act = gate_up + rows * 2 * I * elem;
+    /* floats: the residual streams [rows, H], a quantized projection's float input (at most the widest
+     * of H, q and I) and output, one token at a time. */
     const int64_t widest_in = I > H ? (I > q_size ? I : q_size) : (H > q_size ? H : q_size);
-    float *residual = floats, *xf = residual + H, *yf = xf + widest_in;
-    const float *rotation = cos_sin + *position * D;
-    memcpy(h, m->embedding ? (const char *)m->embedding + *token * H * elem : (const char *)out, (size_t)(H * elem));
-    for (int64_t i = 0; i < H; i++) residual[i] = get(h, i, bf16);
+    float *residual = floats, *xf = residual + rows * H, *yf = xf + widest_in;
+    for (int64_t r = 0; r < rows; r++) {
+        const char *row = m->embedding ? (const char *)m->embedding + tokens[r] * H * elem : (const char *)out + r * H * elem;
+        memcpy(h + r * H * elem, row, (size_t)(H * elem));
+    }
+    for (int64_t i = 0; i < rows * H; i++) residual[i] = get(h, i, bf16);
     for (int64_t l = 0; l < m->num_layers; l++) {
         const LlamaLayer *layer = m->layers + l;
-        add_rms_norm(residual, h, layer->input_norm, x, H, m->eps, l > 0, bf16);
-        int status = project(layer, 0, layer->qkv, layer->qkv_bias, x, qkv, qkv_size, H, xf, yf, bf16);
+        for (int64_t r = 0; r < rows; r++)
+            add_rms_norm(residual + r * H, h + r * H * elem, layer->input_norm, x + r * H * elem, H, m->eps, l > 0, bf16);
+        int status = project(layer, 0, layer->qkv, layer->qkv_bias, x, qkv, rows, qkv_size, H, xf, yf, bf16);
         if (status) return status;
-        if (layer->q_norm) {
-            head_norms(qkv, m->num_heads, D, layer->q_norm, m->eps, bf16);
-            head_norms(qkv + q_size * elem, m->num_kv_heads, D, layer->k_norm, m->eps, bf16);
+        for (int64_t r = 0; r < rows; r++) {
+            char *row = qkv + r * qkv_size * elem;
+            if (layer->q_norm) {
+                head_norms(row, m->num_heads, D, layer->q_norm, m->eps, bf16);
+                head_norms(row + q_size * elem, m->num_kv_heads, D, layer->k_norm, m->eps, bf16);
+            }
+            rotate(row, m->num_heads + m->num_kv_heads, D, cos_sin + positions[r] * D, bf16);
         }
-        rotate(qkv, m->num_heads + m->num_kv_heads, D, rotation, bf16);
-        /* q, k and v are the three parts of the one fused qkv row. The caches hold the weights'
+        /* q, k and v are the three parts of each token's fused qkv row. The caches hold the weights'
          * type (llama_decode.py binds no fp8 cache, whose per-layer scales this table lacks). */
         status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
-                                        qkv_size, layer->kv_cache, NULL, attn_out, q_size, step, attn, bf16);
+                              qkv_size, layer->kv_cache, NULL, attn_out, q_size, step, attn, bf16);
         if (status) return status;
-        if ((status = project(layer, 1, layer->o, layer->o_bias, attn_out, h, H, q_size, xf, yf, bf16))) return status;
-        add_rms_norm(residual, h, layer->post_norm, x, H, m->eps, 1, bf16);
-        if ((status = project(layer, 2, layer->gate_up, layer->gate_up_bias, x, gate_up, 2 * I, H, xf, yf, bf16)))
+        if ((status = project(layer, 1, layer->o, layer->o_bias, attn_out, h, rows, H, q_size, xf, yf, bf16)))
             return status;
-        silu_and_mul(gate_up, act, I, bf16);
-        if ((status = project(layer, 3, layer->down, layer->down_bias, act, h, H, I, xf, yf, bf16))) return status;
+        for (int64_t r = 0; r < rows; r++)
+            add_rms_norm(residual + r * H, h + r * H * elem, layer->post_norm, x + r * H * elem, H, m->eps, 1, bf16);
+        if ((status = project(layer, 2, layer->gate_up, layer->gate_up_bias, x, gate_up, rows, 2 * I, H, xf, yf, bf16)))
+            return status;
+        for (int64_t r = 0; r < rows; r++) silu_and_mul(gate_up + r * 2 * I * elem, act + r * I * elem, I, bf16);
+        if ((status = project(layer, 3, layer->down, layer->down_bias, act, h, rows, H, I, xf, yf, bf16))) return status;
     }
-    add_rms_norm(residual, h, m->final_norm, out, H, m->eps, 1, bf16);
+    for (int64_t r = 0; r < rows; r++)
+        add_rms_norm(residual + r * H, h + r * H * elem, m->final_norm, (char *)out + r * H * elem, H, m->eps, 1, bf16);
     return 0;
 }
 
-/* The final hidden states of one decode token. In: the token id and its position (int64), the rotary
- * table (float [rotary_rows, head_size]: each row cos then sin, head_size / 2 each). Out: `out`
- * ([hidden] of the element type; in: the token's embedding row where the model's embedding is NULL).
- * `floats` (float [hidden + max(hidden, q, intermediate) + max(hidden, q + 2 kv, 2 intermediate)]) holds the
- * residual stream and the quantized projections' float input and output; `scratch` 2 * hidden +
- * (q + 2 kv) + q + 3 * intermediate elements. The step (one decode request, its new key's slot) and
- * the attention layout are cpu_decode.c's. Returns 0; -4 for a token id outside the vocabulary, -5 for
- * a position outside the rotary table, -3 for a dense projection this build has no product for
- * (check native_decode_supported first), -6 where a quantized projection's entry failed; other
- * non-zero values where the attention shapes are not supported. */
+/* The final hidden states of a step's `rows` decode tokens (1 to MAX_ROWS, the attention step's
+ * decode rows in order). In: their token ids and positions (int64 [rows]), the rotary table (float
+ * [rotary_rows, head_size]: each row cos then sin, head_size / 2 each). Out: `out` ([rows, hidden] of
+ * the element type; in: the tokens' embedding rows where the model's embedding is NULL). `floats`
+ * (float [rows * hidden + max(hidden, q, intermediate) + max(hidden, q + 2 kv, 2 intermediate)]) holds
+ * the residual streams and a quantized projection's float input and output; `scratch` rows * (2 *
+ * hidden + (q + 2 kv) + q + 3 * intermediate) elements. The step (its decode rows, their new keys'
+ * slots) and the attention layout are cpu_decode.c's. Returns 0; -4 for a token id outside the
+ * vocabulary, -5 for a position outside the rotary table, -7 for a row count outside 1..MAX_ROWS, -3
+ * for a dense projection this build has no product for (check native_decode_supported first), -6
+ * where a quantized projection's entry failed; other non-zero values where the attention shapes are
+ * not supported or memory ran out. */
 #define EXPORT_STEP(NAME, BF16)                                                                               \
-    int NAME(const LlamaModel *m, const int64_t *token, const int64_t *position, const float *cos_sin,        \
-             int64_t rotary_rows, void *out, float *floats, void *scratch, const StepArgs *step,              \
-             const LayerArgs *attn) {                                                                         \
-        return decode_step(m, token, position, cos_sin, rotary_rows, out, floats, scratch, step, attn, BF16);  \
+    int NAME(const LlamaModel *m, const int64_t *tokens, const int64_t *positions, int64_t rows,              \
+             const float *cos_sin, int64_t rotary_rows, void *out, float *floats, void *scratch,              \
+             const StepArgs *step, const LayerArgs *attn) {                                                   \
+        return decode_step(m, tokens, positions, rows, cos_sin, rotary_rows, out, floats, scratch, step,     \
+                           attn, BF16);                                                                       \
     }
 
 EXPORT_STEP(decode_step_f32, 0)

@@ -1,13 +1,16 @@
-"""Single-sequence decode steps of Llama-family models in one native call (llama_decode.c), the C
-mirror of `pagedllm.models.llama`.
+"""Decode steps of Llama-family models in one native call (llama_decode.c), the C mirror of
+`pagedllm.models.llama`.
 
-A step that decodes one token of one sequence is bound by reading every weight once. Through the
-compiled decoder-block graphs it also pays per layer the Python of a graph call, its buffer
-allocations and the attention op's dispatch; `LlamaNativeDecoder` instead runs the whole model body
-in one C call, from the token's embedding row through every decoder layer (matrix-vector products,
-the paged attention kernel) to the final norm. `LlamaForCausalLM` (and the
-architectures built on it) declares this path (`native_decoder()`), and `CompiledForward` uses it for
-one-token steps where `for_model` accepts the loaded model; every other step runs the graphs.
+A step of a few decode tokens (one sequence decoding, a few decoding together, or one request
+verifying its drafted tokens) is bound by reading every weight once. Through the compiled
+decoder-block graphs it also pays per layer the Python of a graph call, its buffer allocations and the
+attention op's dispatch; `LlamaNativeDecoder` instead runs the whole model body in one C call, from the
+tokens' embedding rows through every decoder layer (matrix-vector products for one token, the
+few-row products of `pagedllm.layers.skinny_gemm` for several, the paged attention kernel) to the final
+norm. `LlamaForCausalLM` (and the architectures built on it) declares this path (`native_decoder()`),
+and `CompiledForward` uses it for steps of decode rows only (at most `max_rows` tokens, each request's
+at most `MAX_DECODE_QUERY_LEN`) where `for_model` accepts the loaded model; every other step runs the
+graphs.
 
 Accepted: the Llama model's layers (Llama, SmolLM2, Mistral with or without a sliding window, Qwen2
 with its q/k/v biases, Qwen3 with its per-head q/k norms) on one tensor-parallel rank, whose
@@ -18,7 +21,9 @@ projections are each either
 - a product the linear method runs natively itself (`native_matvec`: GGUF blocks, AWQ/GPTQ int4, fp8
   weights), called from the C loop on the input widened to float, in float32 or bfloat16 models;
 LoRA-wrapped projections expose their base product, and a step where any token runs an adapter goes
-to the graphs. Also: norms and biases of the activations' dtype, a KV cache of that dtype (an fp8
+to the graphs. Quantized products are matrix-vector entries, called once per token: a model with any
+runs its one-token steps here and its steps of several tokens in the graphs (whose kernels read the
+weights once for every row). Also: norms and biases of the activations' dtype, a KV cache of that dtype (an fp8
 cache's per-layer scales are not in the C layer table), and an attention shape the decode-attention
 kernel serves. An embedding kept quantized (GGUF) gathers its row through its own module before the
 call; the LM head (tied or quantized) is never part of the call: the logits come from the model's
@@ -38,6 +43,7 @@ from torch import nn
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, native_decode_step
 from pagedllm.forward_context import get_forward_context
+from pagedllm.layers import skinny_gemm
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.quant.base import NativeMatvec
@@ -91,7 +97,7 @@ _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 def _library() -> ctypes.CDLL | None:
     lib = cpu_decode.load_native(
         "llama_decode",
-        [SOURCE, *cpu_decode.SOURCES],
+        [SOURCE, skinny_gemm.SOURCE, *cpu_decode.SOURCES],
         "native decode path",
         "single-sequence decode steps run the compiled graphs",
     )
@@ -99,7 +105,9 @@ def _library() -> ctypes.CDLL | None:
         return None
     for suffix in _DTYPES.values():
         fn = getattr(lib, f"decode_step_{suffix}")
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_void_p] * 5
+        fn.argtypes = (
+            [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5
+        )
         fn.restype = ctypes.c_int
     return lib
 
@@ -153,7 +161,7 @@ def _unsupported(model: nn.Module) -> str | None:
 
 
 class LlamaNativeDecoder:
-    """`(input_ids, positions) -> hidden_states` for a one-token step of decodes only."""
+    """`(input_ids, positions) -> hidden_states` for a step of at most `max_rows` decode tokens."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
         self.model = model.model  # type: ignore[union-attr]
@@ -172,9 +180,15 @@ class LlamaNativeDecoder:
         # The residual stream, then a quantized projection's float input and output.
         widest_in = max(self.hidden_size, q_size, self.intermediate_size)
         widest_out = max(self.hidden_size, qkv_size, 2 * self.intermediate_size)
-        self.floats = torch.empty(self.hidden_size + widest_in + widest_out, dtype=torch.float32)
+        # Quantized products read their weights once per token: several tokens' steps go to the graphs.
+        dense = all(
+            m.quant_method.dense_weight(m) is not None for layer in layers for m in _projections(layer)
+        )
+        self.max_rows = skinny_gemm.MAX_ROWS if dense else 1
+        rows = self.max_rows
+        self.floats = torch.empty(rows * self.hidden_size + widest_in + widest_out, dtype=torch.float32)
         self.scratch = torch.empty(
-            2 * self.hidden_size + qkv_size + q_size + 3 * self.intermediate_size, dtype=dtype
+            rows * (2 * self.hidden_size + qkv_size + q_size + 3 * self.intermediate_size), dtype=dtype
         )
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
@@ -300,31 +314,40 @@ class LlamaNativeDecoder:
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The final hidden states of a one-token step, or None where it runs the graphs: without
-        attention metadata (a warm-up or profiling run), with caches the attention kernel cannot
-        serve, or when a token of the step runs a LoRA adapter."""
+        """The final hidden states of a step of decode rows only (at most `max_rows` tokens), or None
+        where it runs the graphs: a step with a prompt, without attention metadata (a warm-up or
+        profiling run), with caches the attention kernel cannot serve, or when a token of the step runs
+        a LoRA adapter."""
+        rows = input_ids.shape[0]
         md = get_forward_context().attn_metadata
-        if md is None or (self.lora_state is not None and self.lora_state.active) or not self._bind():
+        if (
+            rows > self.max_rows
+            or md is None
+            or (self.lora_state is not None and self.lora_state.active)
+            or not self._bind()
+        ):
             return None
         assert self._cache is not None and self._layout is not None
         step = native_decode_step(md, self._cache.shape[3], self.window)
-        assert step is not None  # one token: one decode, no prompt
+        if step is None:  # a prompt longer than a decode row's few tokens
+            return None
         if input_ids.dtype != torch.int64 or positions.dtype != torch.int64:
             raise TypeError(
                 f"token ids and positions must be int64, not {input_ids.dtype} and {positions.dtype}"
             )
         table = self.rotary.cos_sin_cache
         assert self._model is not None
-        if self._model.embedding is None:  # the C code starts from the row written into `hidden`
+        if self._model.embedding is None:  # the C code starts from the rows written into `hidden`
             hidden = (
-                self.model.embed_tokens(input_ids).to(self.dtype).reshape(1, self.hidden_size).contiguous()
+                self.model.embed_tokens(input_ids).to(self.dtype).reshape(rows, self.hidden_size).contiguous()
             )
         else:
-            hidden = torch.empty(1, self.hidden_size, dtype=self.dtype)
+            hidden = torch.empty(rows, self.hidden_size, dtype=self.dtype)
         status = self.fn(
             ctypes.byref(self._model),
             input_ids.data_ptr(),
             positions.data_ptr(),
+            rows,
             table.data_ptr(),
             table.shape[0],
             hidden.data_ptr(),
@@ -334,13 +357,11 @@ class LlamaNativeDecoder:
             self._layout.pointer,
         )
         if status == -4:
-            raise IndexError(
-                f"token id {int(input_ids[0])} is outside the vocabulary ({self.vocab_size} ids)"
-            )
+            bad = input_ids[(input_ids < 0) | (input_ids >= self.vocab_size)]
+            raise IndexError(f"token id {int(bad[0])} is outside the vocabulary ({self.vocab_size} ids)")
         if status == -5:
-            raise IndexError(
-                f"position {int(positions[0])} is outside the rotary table ({table.shape[0]} rows)"
-            )
+            bad = positions[(positions < 0) | (positions >= table.shape[0])]
+            raise IndexError(f"position {int(bad[0])} is outside the rotary table ({table.shape[0]} rows)")
         if status == -6:
             raise RuntimeError("a quantized projection's native product failed (status -6)")
         if status != 0:

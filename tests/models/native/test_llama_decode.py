@@ -163,6 +163,52 @@ def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Pat
     _check_against_reference(model_dir, *_generate(runner, "b"))  # the graphs pass the same bar
 
 
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        *(
+            pytest.param(name, "bfloat16", marks=needs_native)
+            for name in ("mistral-window12", "qwen3-attention-bias")
+        ),
+        pytest.param("mistral-window12", "float32", marks=needs_native_f32),
+        pytest.param("qwen3-attention-bias", "float32", marks=needs_native_f32),
+    ],
+)
+def test_several_sequences_decode_in_one_native_call(name: str, dtype: str, tmp_path: Path) -> None:
+    """Three sequences decoding together: each step's three tokens (at three positions, over three
+    block tables) run in one native call, each row rotated, normed and attended on its own."""
+    model_dir = _save(name, tmp_path / name)
+    runner = _runner(model_dir, tmp_path, dtype)
+    native = runner._forward.native
+    assert native is not None and native.max_rows == 8
+    served: list[tuple[int, bool]] = []
+    original_call = type(native).__call__
+
+    def counting(self: Any, input_ids: torch.Tensor, positions: torch.Tensor) -> Any:
+        out = original_call(self, input_ids, positions)
+        served.append((input_ids.shape[0], out is not None))
+        return out
+
+    prompts = {"a": PROMPT, "b": PROMPT[::-1][:19], "c": [(5 * i + 1) % 256 for i in range(14)]}
+    driver = RunnerDriver(runner, num_blocks=64)
+    for req_id, prompt in prompts.items():
+        driver.add(
+            req_id, prompt, MAX_TOKENS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
+        )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(native), "__call__", counting)
+        tokens = driver.run()
+    assert served == [(3, True)] * (MAX_TOKENS - 1)
+    for req_id, prompt in prompts.items():
+        logprobs = [
+            lp.logprobs[0][0]
+            for out in driver.outputs
+            for i, lp in enumerate(out.logprobs or [])
+            if lp is not None and out.req_ids[i] == req_id
+        ]
+        _check_against_reference(model_dir, tokens[req_id], logprobs, prompt=prompt)
+
+
 TIE = 0.15
 
 
@@ -200,7 +246,7 @@ def test_token_or_position_outside_its_table_is_refused(token: int, position: in
     model = llama_decode._LlamaModel(hidden=16, intermediate=32, num_heads=1, num_kv_heads=1, head_size=16)
     model.num_layers, model.vocab, model.eps = 1, 10, 1e-6
     ids, positions = torch.tensor([token]), torch.tensor([position])
-    args = (ctypes.byref(model), ids.data_ptr(), positions.data_ptr(), None, 4, None, None, None, None, None)
+    args = (ctypes.byref(model), ids.data_ptr(), positions.data_ptr(), 1, None, 4, *[None] * 5)
     assert lib.decode_step_f32(*args) == status
 
 
