@@ -37,6 +37,10 @@ class CudaPlatform(Platform):
     def supports_async_scheduling(self) -> bool:
         return True
 
+    def supports_background_kv_copies(self) -> bool:
+        # Host <-> device copies run on the copy engine; the thread only queues and waits for them.
+        return True
+
     def default_max_num_batched_tokens(self) -> int:
         return 8192
 

@@ -13,7 +13,8 @@ Worker side, around the forward: `start_load_kv` (right after the step's states 
 copies overlap the input preparation), `wait_for_load` (just before the forward), `save_kv` (after the
 forward: snapshot the step's blocks and write them in the background, overlapping logits and sampling),
 `wait_for_save` (at the end of the step, so a finished request's blocks are stored before its output
-leaves), `take_stats`.
+leaves), `take_stats`. The overlap is where the platform copies beside the forward (CUDA); on the CPU the
+copies run inline (`Platform.supports_background_kv_copies`).
 
 A load can never be half-applied: whatever the scheduler side promised has been validated before it
 promised it, so a missing or corrupt stored block becomes a smaller (or no) hit - recompute, never wrong
@@ -28,6 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from pagedllm.platforms import current_platform
 
 if TYPE_CHECKING:
     from pagedllm.core.hashing import BlockHash
@@ -58,9 +61,13 @@ class KVConnectorBase:
         kv = engine_config.kv_transfer_config
         self.kv_role = kv.kv_role if kv is not None else None
         self.kv_caches: list[torch.Tensor] = []
-        # Worker side: the thread the copies run on (started on first use) and the stats since the
-        # last `take_stats`.
-        self._jobs = BackgroundJobs(f"kv-{type(self).__name__}") if role == KVConnectorRole.WORKER else None
+        # Worker side: where the copies run (a thread of their own where the platform copies beside the
+        # forward, else inline) and the stats since the last `take_stats`.
+        self._jobs = (
+            BackgroundJobs(f"kv-{type(self).__name__}", current_platform.supports_background_kv_copies())
+            if role == KVConnectorRole.WORKER
+            else None
+        )
         self._stats: dict[str, float] = {}
         # Scheduler side: req_id -> (first block index, what the last lookup found for each block).
         self._found: dict[str, tuple[int, list[Any]]] = {}
@@ -162,15 +169,25 @@ class KVConnectorBase:
 
 
 class BackgroundJobs:
-    """One worker thread running a connector's copies, so they overlap the runner's own host work
-    (torch's copy kernels release the GIL). Jobs run in submission order."""
+    """A connector's copies, in submission order: on one worker thread of their own where `background`
+    (they overlap the runner's host work while a copy engine moves the bytes; torch's copy kernels
+    release the GIL), else run at once in the caller, failures kept for `wait` all the same."""
 
-    def __init__(self, name: str) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str, background: bool = True) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) if background else None
         self._pending: list[Future[None]] = []
 
     def submit(self, job: Callable[[], None]) -> None:
-        self._pending.append(self._pool.submit(job))
+        if self._pool is not None:
+            self._pending.append(self._pool.submit(job))
+            return
+        future: Future[None] = Future()
+        try:
+            job()
+            future.set_result(None)
+        except BaseException as e:  # re-raised by wait(), as a background job's would be
+            future.set_exception(e)
+        self._pending.append(future)
 
     def wait(self) -> None:
         """Wait for every submitted job; re-raise the first failure (the step must not go on with a
@@ -180,7 +197,8 @@ class BackgroundJobs:
             future.result()
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
 
 def _layer_views(

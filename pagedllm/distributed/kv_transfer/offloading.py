@@ -7,10 +7,11 @@ prefix hit ends, the tier is asked for the following block hashes; a run of hits
 request's new blocks, and the prefill of those tokens is skipped. The tier is inclusive: a block loaded
 back stays in it, so evicting it again costs no copy.
 
-Worker side: the step's copies run on a background thread, started right after the step's states are
-applied (overlapping the input preparation) and awaited just before the forward: first the evicted
-blocks into the tier (they are overwritten by this very forward), then the hits into the pool (a slot
-refilled and loaded in the same step is therefore read after it is written).
+Worker side: the step's copies start right after the step's states are applied (on CUDA on a background
+thread, overlapping the input preparation; on the CPU inline, see `BackgroundJobs`) and are done before
+the forward: first the evicted blocks into the tier (they are overwritten by this very forward), then
+the hits into the pool (a slot refilled and loaded in the same step is therefore read after it is
+written).
 
 Hook points for KV cache events: `stored_listeners`, `removed_listeners` and `cleared_listeners` are
 called with the block hashes the tier stores and drops, and when it is cleared.
