@@ -68,6 +68,10 @@ def _check_kernels(qtype: Q, monkeypatch: pytest.MonkeyPatch) -> None:
         # int8 activations: each element rounded to 1/254 of its block's largest; the sum of K such
         # errors is ~0.5% of the largest output for Gaussian inputs, never near 2%.
         assert (out - expected).abs().max() < 0.02 * scale
+    # One activation row (decode): weight rows four at a time, row by row where four would cross the
+    # parts' boundary (rows 16-19 here); the same products as the several-row path's.
+    one = gguf.gguf_linear(x[:1], [packed[:18], packed[18:]], [int(qtype)] * 2, N)
+    torch.testing.assert_close(one, out[:1], atol=1e-5 * scale, rtol=0)
     # Many rows: dequantized tiles into the float GEMM, exact up to summation order. Tiles of 7 rows,
     # so that tiles span the parts' boundary (as a fused q/k/v layer's do); the layer's output is
     # then sliced by part, as the model splits it.
