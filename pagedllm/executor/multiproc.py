@@ -182,7 +182,11 @@ class MultiprocExecutor(Executor):
                 try:
                     status, value = conn.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):
-                    continue  # the process is exiting: its sentinel says so below
+                    # Its pipe closed: the process is exiting, and its sentinel may not be ready yet
+                    # (leaving the loop here lost the rank's answer: a KeyError instead of its name).
+                    self.procs[rank].join(_JOIN_TIMEOUT)
+                    self._check_alive()
+                    raise WorkerDiedError(f"worker rank {rank} (pid {self.procs[rank].pid}) closed its pipe") from None
                 if status == "ok":
                     results[rank] = value
                 else:
