@@ -59,6 +59,11 @@ def parse_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """`torch.bfloat16` -> `"bfloat16"` (what `update_info`'s `dtype_names` hold)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def specs_from_update_info(update_info: dict[str, Any]) -> list[TensorSpec]:
     """The tensors an update announces: `names`, `dtype_names` and `shapes`, parallel lists."""
     try:
@@ -76,7 +81,7 @@ def update_info_for(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> dict[s
     """The `update_info` announcing `named_tensors` (what the trainer hands the engine's update call)."""
     return {
         "names": [name for name, _ in named_tensors],
-        "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in named_tensors],
+        "dtype_names": [dtype_name(t.dtype) for _, t in named_tensors],
         "shapes": [list(t.shape) for _, t in named_tensors],
     }
 

@@ -6,6 +6,7 @@ name or shape is refused whole (nothing is applied; over gloo the trainer is tol
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import socket
 import time
@@ -15,11 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+from hostile_payloads import pickled_ipc_handles
 from tiny_llm import hf_greedy
 from trainer_proc import BUCKET_BYTES, bad_updates, checkpoint, run_ipc_trainer, run_trainer
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.distributed.ipc_transfer import IPC_HANDLES_KEY, trainer_ipc_update_info
+from pagedllm.distributed.ipc_transfer import IPC_HANDLES_KEY, CudaStorage, trainer_ipc_update_info
 from pagedllm.distributed.weight_transfer import (
     TensorSpec,
     buckets,
@@ -111,15 +113,17 @@ def test_trainer_shares_weights_by_ipc(two_tiny_llms: tuple[Path, Path]) -> None
     infos, done = SPAWN.Queue(), SPAWN.Queue()
     with _trainer(run_ipc_trainer, str(trainer_dir), infos, done):
         good, wrong_shape, wrong_name = (infos.get(timeout=120) for _ in range(3))
-        # Handles only: the payload is a few bytes per tensor, not the weights.
-        assert len(good[IPC_HANDLES_KEY]) < 200 * len(good["names"])
+        # Handles only, as plain JSON: a few hundred bytes per tensor, not the weights.
+        assert len(json.dumps(good[IPC_HANDLES_KEY])) < 400 * len(good["names"])
         for bad, error in ((wrong_shape, "does not match"), (wrong_name, "no matching parameter")):
             with pytest.raises(ValueError, match=f"refused, nothing was loaded: .*{error}"):
                 llm.update_weights(bad)
             assert _greedy(llm) == before
         # Specs that pass the model's check, but handles to other tensors: refused before any load.
         mismatched = {**good, IPC_HANDLES_KEY: wrong_shape[IPC_HANDLES_KEY]}
-        with pytest.raises(ValueError, match="announced torch.float32"):
+        with pytest.raises(
+            ValueError, match=r"is float32 \(63, 64\), but update_info announced float32 \(64, 64\)"
+        ):
             llm.update_weights(mismatched)
         assert _greedy(llm) == before
         assert llm.update_weights(good) == len(good["names"])
@@ -131,7 +135,7 @@ def test_ipc_update_info_needs_handles(two_tiny_llms: tuple[Path, Path]) -> None
     llm = _llm(two_tiny_llms[0], weight_transfer_config={"backend": "ipc"})
     tensors = checkpoint(two_tiny_llms[1])
     info = trainer_ipc_update_info(tensors)
-    with pytest.raises(ValueError, match="needs ipc_handles_pickled"):
+    with pytest.raises(ValueError, match="needs ipc_handles"):
         llm.update_weights({k: v for k, v in info.items() if k != IPC_HANDLES_KEY})
     # In one process too (the same shared-memory path).
     assert llm.update_weights(info) == len(tensors)
@@ -171,3 +175,68 @@ def test_buckets_and_update_info() -> None:
         specs_from_update_info({"names": ["a"], "dtype_names": ["float7"], "shapes": [[1]]})
     with pytest.raises(ValueError, match="1 names, 0 dtype_names"):
         specs_from_update_info({"names": ["a"], "dtype_names": [], "shapes": []})
+
+
+def test_pickled_ipc_handles_are_refused_unopened(two_tiny_llms: tuple[Path, Path], tmp_path: Path) -> None:
+    """vLLM's `ipc_handles_pickled` would run a payload's `__reduce__`: refused, nothing unpickled."""
+    llm = _llm(two_tiny_llms[0], weight_transfer_config={"backend": "ipc"})
+    tensors = checkpoint(two_tiny_llms[1])[:1]
+    marker = tmp_path / "pwned"
+    info = {**update_info_for(tensors), "ipc_handles_pickled": pickled_ipc_handles(marker)}
+    with pytest.raises(ValueError, match="ipc_handles_pickled is not accepted"):
+        llm.update_weights(info)
+    assert not marker.exists()
+
+
+def test_ipc_handles_are_checked_before_they_are_mapped(two_tiny_llms: tuple[Path, Path]) -> None:
+    """A handle names a torch shared-memory file of the announced size through a torch shm manager,
+    holding the view it describes; anything else is refused naming the tensor, before any load."""
+    llm = _llm(two_tiny_llms[0], weight_transfer_config={"backend": "ipc"})
+    tensors = checkpoint(two_tiny_llms[1])[:1]
+    name = tensors[0][0]
+    good = trainer_ipc_update_info(tensors)
+
+    def with_handle(**changes: Any) -> dict[str, Any]:
+        handle = json.loads(json.dumps(good[IPC_HANDLES_KEY]))
+        shared = handle[0]["cpu"]
+        for key, value in changes.items():
+            target = shared["storage"] if key in shared["storage"] else shared
+            target[key] = value
+        return {**good, IPC_HANDLES_KEY: handle}
+
+    storage = good[IPC_HANDLES_KEY][0]["cpu"]["storage"]
+    cases = [
+        (with_handle(name="/psm_0123"), "does not name a torch shared-memory file"),
+        (with_handle(name="/../../etc/passwd"), "does not name a torch shared-memory file"),
+        (with_handle(manager="/etc/passwd"), "does not name a torch shm manager socket"),
+        (with_handle(manager="/tmp/torch-shm-dir-x/../../etc/manager.sock"), "manager socket"),
+        (with_handle(nbytes=storage["nbytes"] * 4), "smaller than its handle says"),
+        (with_handle(offset=1), "does not fit its storage"),
+        (with_handle(stride=[-1] * len(tensors[0][1].shape)), "negative offset or stride"),
+        (with_handle(shape=[1]), f"{name}' is float32 \\(1,\\)"),
+        (with_handle(extra_field=1), "malformed"),
+        ({**good, IPC_HANDLES_KEY: [{"cpu": {"storage": {"type": "pickle"}}}]}, "malformed"),
+    ]
+    before = _greedy(llm)
+    for info, error in cases:
+        with pytest.raises(ValueError, match=error):
+            llm.update_weights(info)
+    assert _greedy(llm) == before
+    assert llm.update_weights(good) == 1
+
+
+def test_cuda_ipc_reference_counter_is_bounded() -> None:
+    """torch decrements the int64 at `ref_counter_offset` of the named counter file when it lets a
+    CUDA mapping go: a handle may only name torch's counter files, inside their bounds (checked before
+    any CUDA call, so on any machine)."""
+    good = {"handle": b"h" * 64, "nbytes": 64, "offset_bytes": 0, "ref_counter_handle": b"/torch_1_2_3",
+            "ref_counter_offset": 5, "event_handle": None, "event_sync_required": False}  # fmt: skip
+    for bad in (
+        {"ref_counter_offset": 10_000},
+        {"ref_counter_offset": -1},
+        {"ref_counter_handle": b"/etc/x"},
+    ):
+        with pytest.raises(ValueError, match="bad reference counter"):
+            CudaStorage(**{**good, **bad}).open("w", torch.device("cpu"))
+    with pytest.raises(ValueError, match="is a CUDA handle; this engine runs on cpu"):
+        CudaStorage(**good).open("w", torch.device("cpu"))

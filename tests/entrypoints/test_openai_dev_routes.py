@@ -13,12 +13,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from hostile_payloads import pickled_ipc_handles
 from remote_server import RemoteServer
 from safetensors.torch import load_file
 from tiny_llm import hf_greedy
 from transformers import AutoTokenizer
 
 from pagedllm.distributed.ipc_transfer import trainer_ipc_update_info
+from pagedllm.distributed.weight_transfer import update_info_for
 
 pytestmark = pytest.mark.slow
 
@@ -174,3 +176,17 @@ def test_ipc_weight_update_through_the_dev_routes(
     assert _greedy(dev_server, first) == AutoTokenizer.from_pretrained(second).decode(expected)
     response = httpx.post(f"{url}/update_weights_from_disk", json={"path": str(first)}, timeout=60)
     assert response.status_code == 200
+
+
+def test_pickled_ipc_handles_over_http_are_refused_unopened(
+    dev_server: RemoteServer, two_tiny_llms: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`ipc_handles_pickled` (vLLM's field) from a client would be unpickled in the engine: a 400, and
+    the payload's `__reduce__` never ran."""
+    marker = tmp_path / "pwned"
+    tensors = sorted(load_file(str(two_tiny_llms[1] / "model.safetensors")).items())[:1]
+    info = {**update_info_for(tensors), "ipc_handles_pickled": pickled_ipc_handles(marker)}
+    response = httpx.post(f"{dev_server.url}/update_weights", json={"update_info": info}, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "ipc_handles_pickled is not accepted" in response.json()["error"]["message"]
+    assert not marker.exists()
