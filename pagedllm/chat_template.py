@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
+from pagedllm.errors import RequestError
 from pagedllm.tokenizer import resolve_chat_template as tokenizer_resolve_chat_template
 
 SUPPORTED_ROLES = ("system", "user", "assistant", "tool")
@@ -47,9 +48,10 @@ def _content_to_text(content: Any, index: int) -> str:
         part = _message_to_dict(part, index)
         part_type = part.get("type")
         if part_type != "text":
-            raise ValueError(
+            raise RequestError(
+                "messages",
                 f"messages[{index}].content[{part_index}] has type {part_type!r}: only 'text' content parts are "
-                "supported"
+                "supported",
             )
         text = part.get("text")
         if not isinstance(text, str):
@@ -68,7 +70,9 @@ def _tool_call_for_template(call: Any, index: int) -> dict[str, Any]:
         try:
             function["arguments"] = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError as e:
-            raise ValueError(f"messages[{index}].tool_calls: arguments are not valid JSON: {e}") from e
+            raise RequestError(
+                "messages", f"messages[{index}].tool_calls: arguments are not valid JSON: {e}"
+            ) from e
     return {**call, "function": function}
 
 
@@ -82,17 +86,20 @@ def parse_chat_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
         message = _message_to_dict(raw, index)
         role = message.get("role")
         if role not in SUPPORTED_ROLES:
-            raise ValueError(
-                f"messages[{index}].role is {role!r}; supported roles are {', '.join(SUPPORTED_ROLES)}"
+            raise RequestError(
+                "messages",
+                f"messages[{index}].role is {role!r}; supported roles are {', '.join(SUPPORTED_ROLES)}",
             )
         message["content"] = _content_to_text(message.get("content"), index)
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
-            raise ValueError(f"messages[{index}].tool_call_id is required for a message with role 'tool'")
+            raise RequestError(
+                "messages", f"messages[{index}].tool_call_id is required for a message with role 'tool'"
+            )
         if message.get("tool_calls"):
             message["tool_calls"] = [_tool_call_for_template(call, index) for call in message["tool_calls"]]
         conversation.append(message)
     if not conversation:
-        raise ValueError("messages must contain at least one message")
+        raise RequestError("messages", "messages must contain at least one message")
     return conversation
 
 
@@ -103,8 +110,9 @@ def resolve_chat_template(tokenizer: Any, chat_template: str | None = None) -> s
         # Tokenizers may ship several named templates; "default" is the one used for plain chat.
         template = template.get("default")
     if not template:
-        raise ValueError(
-            "The tokenizer has no chat template: pass chat_template= (a Jinja template string or a file path)"
+        raise RequestError(
+            "chat_template",
+            "The tokenizer has no chat template: pass chat_template= (a Jinja template string or a file path)",
         )
     return str(template)
 
@@ -132,7 +140,9 @@ def apply_chat_template(
     already wrote the special tokens). ``tools`` (OpenAI's function specs) are shown to templates that
     render them."""
     if add_generation_prompt and continue_final_message:
-        raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        raise RequestError(
+            "continue_final_message", "add_generation_prompt and continue_final_message cannot both be true"
+        )
     conversation = parse_chat_messages(messages)
     template = resolve_chat_template(tokenizer, chat_template)
     kwargs: dict[str, Any] = {**_special_tokens(tokenizer), **dict(chat_template_kwargs or {})}

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from pagedllm.errors import RequestError
+
 PoolingTask = Literal["embed", "classify", "score"]
 # Token-type ids ride in the high bits of the runner's input ids (see pagedllm.models.bert): an
 # encoder's forward keeps the `(input_ids, positions)` signature every model has.
@@ -37,19 +39,22 @@ class PoolingParams(msgspec.Struct, omit_defaults=True):
             )
         if self.dimensions is not None:
             if self.task != "embed":
-                raise ValueError("dimensions applies to embeddings only")
+                raise RequestError("dimensions", "dimensions applies to embeddings only")
             matryoshka = pooler_config.get("matryoshka_dimensions")
             if self.dimensions < 1 or self.dimensions > hidden_size:
-                raise ValueError(
-                    f"dimensions={self.dimensions} must be between 1 and the hidden size {hidden_size}"
+                raise RequestError(
+                    "dimensions",
+                    f"dimensions={self.dimensions} must be between 1 and the hidden size {hidden_size}",
                 )
             if matryoshka is not None and self.dimensions not in matryoshka:
-                raise ValueError(
-                    f"dimensions={self.dimensions} is not one of the model's matryoshka_dimensions {list(matryoshka)}"
+                raise RequestError(
+                    "dimensions",
+                    f"dimensions={self.dimensions} is not one of the model's matryoshka_dimensions {list(matryoshka)}",
                 )
         if self.token_type_ids is not None and len(self.token_type_ids) != num_prompt_tokens:
-            raise ValueError(
-                f"token_type_ids has {len(self.token_type_ids)} entries for a prompt of {num_prompt_tokens} tokens"
+            raise RequestError(
+                "token_type_ids",
+                f"token_type_ids has {len(self.token_type_ids)} entries for a prompt of {num_prompt_tokens} tokens",
             )
         if self.token_type_ids is not None and any(not 0 <= t < 2**8 for t in self.token_type_ids):
-            raise ValueError("token_type_ids must be small non-negative integers")
+            raise RequestError("token_type_ids", "token_type_ids must be small non-negative integers")

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from pagedllm.errors import RequestError
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 # Temperatures below this mean greedy sampling (vLLM's _SAMPLING_EPS).
@@ -65,6 +66,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
 
     # Number of output sequences for the prompt (fanned out by the front-end).
     n: int = 1
+    # vLLM's "sample best_of, return the n best": only best_of == n (nothing more to choose from) is taken,
+    # as in vLLM V1; anything else is refused rather than silently answered with n samples.
+    best_of: int | None = None
     # Penalise tokens already in the output once (OpenAI presence penalty), in [-2, 2].
     presence_penalty: float | UnsetType = UNSET
     # Penalise tokens by how often they appear in the output (OpenAI frequency penalty), in [-2, 2].
@@ -113,6 +117,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     # Watermark the output (with watermark_config set): None follows the engine, False opts out. The
     # front-end resolves it to True/False with the spec's support check (greedy requests: False).
     watermarking: bool | None = None
+    # vLLM's per-request logits processors (callables): refused unless empty, as vLLM V1 does (they cannot
+    # cross to the engine-core process); logit_bias, allowed_token_ids and bad_words cover the common uses.
+    logits_processors: list[Any] | None = None
 
     # Filled in by the front-end, not by users.
     # Every token id that ends the request (stop_token_ids plus EOS ids unless ignore_eos): the sampler
@@ -161,14 +168,18 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             try:
                 self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
             except TypeError as e:
-                raise ValueError(f"structured_outputs: {e}") from e
+                raise RequestError("structured_outputs", f"structured_outputs: {e}") from e
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
-                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+                raise RequestError(
+                    "logit_bias", f"logit_bias must map token ids to numbers, got {self.logit_bias!r}"
+                )
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError) as e:
-                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from e
+                raise RequestError(
+                    "logit_bias", f"logit_bias must map token ids to numbers, got {self.logit_bias!r}"
+                ) from e
         if _check_number("temperature", self.temperature) < SAMPLING_EPS:
             # Greedy: the truncation knobs cannot change the argmax, so turn them off.
             self.top_p = 1.0
@@ -180,58 +191,76 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
     def _verify(self) -> None:
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+                raise RequestError(name, f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.watermarking is not None and not isinstance(self.watermarking, bool):
-            raise ValueError(f"watermarking must be True, False or None, got {self.watermarking!r}")
+            raise RequestError(
+                "watermarking", f"watermarking must be True, False or None, got {self.watermarking!r}"
+            )
         _check_int("n", self.n)
         if self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}")
+            raise RequestError("n", f"n must be at least 1, got {self.n}")
+        if self.best_of is not None and self.best_of != self.n:
+            raise RequestError(
+                "best_of", f"best_of={self.best_of!r} is not supported: only best_of equal to n={self.n}"
+            )
+        if self.logits_processors:
+            raise RequestError(
+                "logits_processors",
+                "per-request logits_processors are not supported (use logit_bias, allowed_token_ids or bad_words)",
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             value = _check_number(name, getattr(self, name))
             if not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+                raise RequestError(name, f"{name} must be in [-2, 2], got {value}")
         if not _check_number("repetition_penalty", self.repetition_penalty) > 0.0:
-            raise ValueError(f"repetition_penalty must be greater than 0, got {self.repetition_penalty}")
+            raise RequestError(
+                "repetition_penalty",
+                f"repetition_penalty must be greater than 0, got {self.repetition_penalty}",
+            )
         if not _check_number("temperature", self.temperature) >= 0.0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}")
+            raise RequestError("temperature", f"temperature must be non-negative, got {self.temperature}")
         if not 0.0 < _check_number("top_p", self.top_p) <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise RequestError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         _check_int("top_k", self.top_k)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be 0 or -1 (disabled), or at least 1, got {self.top_k}")
+            raise RequestError("top_k", f"top_k must be 0 or -1 (disabled), or at least 1, got {self.top_k}")
         if not 0.0 <= _check_number("min_p", self.min_p) <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise RequestError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
             _check_int("seed", self.seed)
             if not -(2**63) <= self.seed < 2**64:
-                raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+                raise RequestError("seed", f"seed must fit in 64 bits, got {self.seed}")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens)
             if self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+                raise RequestError("max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}")
         _check_int("min_tokens", self.min_tokens)
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}")
+            raise RequestError(
+                "min_tokens", f"min_tokens must be greater than or equal to 0, got {self.min_tokens}"
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}"
+            raise RequestError(
+                "min_tokens",
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}",
             )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None:
                 _check_int(name, value)
                 if value < -1:
-                    raise ValueError(
-                        f"{name} must be non-negative, or -1 for the whole vocabulary, got {value}"
+                    raise RequestError(
+                        name, f"{name} must be non-negative, or -1 for the whole vocabulary, got {value}"
                     )
         assert isinstance(self.stop, list)
         if not all(isinstance(s, str) for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise RequestError("stop", f"stop must be a string or a list of strings, got {self.stop!r}")
         if "" in self.stop:
-            raise ValueError("stop cannot contain an empty string")
+            raise RequestError("stop", "stop cannot contain an empty string")
         if self.stop and not self.detokenize:
-            raise ValueError(
-                "stop strings are only supported when detokenize is True; set detokenize=True to use stop"
+            raise RequestError(
+                "stop",
+                "stop strings are only supported when detokenize is True; set detokenize=True to use stop",
             )
         assert self.stop_token_ids is not None
         for token_id in self.stop_token_ids:
@@ -240,26 +269,35 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             for token_id, bias in self.logit_bias.items():
                 _check_token_id("logit_bias", token_id)
                 if not math.isfinite(bias):
-                    raise ValueError(f"logit_bias values must be finite, got {bias} for token {token_id}")
+                    raise RequestError(
+                        "logit_bias", f"logit_bias values must be finite, got {bias} for token {token_id}"
+                    )
         if self.allowed_token_ids is not None:
             if not self.allowed_token_ids:
-                raise ValueError("allowed_token_ids must not be empty (None allows every token)")
+                raise RequestError(
+                    "allowed_token_ids", "allowed_token_ids must not be empty (None allows every token)"
+                )
             for token_id in self.allowed_token_ids:
                 _check_token_id("allowed_token_ids", token_id)
         assert self.bad_words is not None
         if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
-            raise ValueError(f"bad_words must be a list of non-blank strings, got {self.bad_words!r}")
+            raise RequestError(
+                "bad_words", f"bad_words must be a list of non-blank strings, got {self.bad_words!r}"
+            )
         if self.structured_outputs is not None and not isinstance(
             self.structured_outputs, StructuredOutputsParams
         ):
-            raise ValueError(
-                f"structured_outputs must be a StructuredOutputsParams or a dict, got {self.structured_outputs!r}"
+            raise RequestError(
+                "structured_outputs",
+                f"structured_outputs must be a StructuredOutputsParams or a dict, got {self.structured_outputs!r}",
             )
         if not isinstance(self.output_kind, RequestOutputKind):
             try:
                 self.output_kind = RequestOutputKind(self.output_kind)
             except ValueError as e:
-                raise ValueError(f"output_kind must be one of {[k.name for k in RequestOutputKind]}") from e
+                raise RequestError(
+                    "output_kind", f"output_kind must be one of {[k.name for k in RequestOutputKind]}"
+                ) from e
 
     def verify(self, max_logprobs: int, vocab_size: int) -> None:
         """Checks that depend on the model: logprob counts and token ids within the vocabulary.
@@ -271,7 +309,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
                 continue
             requested = vocab_size if value == -1 else value
             if max_logprobs != -1 and requested > max_logprobs:
-                raise ValueError(f"{name}={requested} is more than the model's max_logprobs={max_logprobs}")
+                raise RequestError(
+                    name, f"{name}={requested} is more than the model's max_logprobs={max_logprobs}"
+                )
         ids = {
             "stop_token_ids": self.stop_token_ids or [],
             "logit_bias": list(self.logit_bias or {}),
@@ -281,7 +321,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
         for name, token_ids in ids.items():
             bad = sorted({t for t in token_ids if not 0 <= t < vocab_size})
             if bad:
-                raise ValueError(f"{name} contains token ids outside the vocabulary [0, {vocab_size}): {bad}")
+                raise RequestError(
+                    name, f"{name} contains token ids outside the vocabulary [0, {vocab_size}): {bad}"
+                )
 
     # ------------------------------------------------------------------------------------- helpers
     @property
@@ -342,21 +384,21 @@ def _check_number(name: str, value: Any) -> float:
     # Infinities are rejected too: inf * a logit (repetition penalty) or logit / inf turn into NaN or a
     # silently uniform distribution rather than an error.
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise RequestError(name, f"{name} must be a finite number, got {value!r}")
     return float(value)
 
 
 def _as_list(name: str, value: Any, expected: str = "a list of token ids") -> list[Any]:
     if isinstance(value, str | bytes | dict) or not isinstance(value, list | tuple):
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
+        raise RequestError(name, f"{name} must be {expected}, got {value!r}")
     return list(value)
 
 
 def _check_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise RequestError(name, f"{name} must be an integer, got {value!r}")
 
 
 def _check_token_id(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must contain non-negative integer token ids, got {value!r}")
+        raise RequestError(name, f"{name} must contain non-negative integer token ids, got {value!r}")

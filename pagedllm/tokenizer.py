@@ -18,6 +18,7 @@ import transformers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from pagedllm.config.utils import cache_root
+from pagedllm.errors import RequestError
 
 if TYPE_CHECKING:
     from pagedllm.config.model import ModelConfig
@@ -144,6 +145,8 @@ def resolve_chat_template(
     candidate = Path(chat_template) if isinstance(chat_template, Path) or "{" not in chat_template else None
     if candidate is not None:
         if not candidate.is_file():
-            raise ValueError(f"chat_template {str(chat_template)!r} is neither a template nor a file")
+            raise RequestError(
+                "chat_template", f"chat_template {str(chat_template)!r} is neither a template nor a file"
+            )
         return candidate.read_text()
     return str(chat_template)

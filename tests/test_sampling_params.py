@@ -6,6 +6,7 @@ import msgspec
 import pytest
 
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.errors import RequestError
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -86,14 +87,24 @@ VALIDATION_CASES: list[tuple[dict, str]] = [
     ({"skip_special_tokens": None}, "skip_special_tokens must be True or False, got None"),
     ({"spaces_between_special_tokens": 1}, "spaces_between_special_tokens must be True or False"),
     ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output must be True or False"),
+    # vLLM's fields the engine does not implement: a ValueError (what vLLM raises), never a TypeError.
+    ({"best_of": 3, "n": 2}, "best_of=3 is not supported: only best_of equal to n=2"),
+    ({"logits_processors": [lambda ids, logits: logits]}, "logits_processors are not supported"),
 ]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), VALIDATION_CASES)
 def test_validation_messages(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(RequestError) as info:
         SamplingParams(**kwargs)
     assert message in str(info.value)
+    # The error names the field at fault (the first one given in each case), for the server's `param`.
+    assert info.value.param == next(iter(kwargs))
+
+
+def test_neutral_values_of_unimplemented_vllm_fields_are_taken() -> None:
+    assert SamplingParams(n=2, best_of=2).n == 2
+    assert SamplingParams(best_of=None, logits_processors=[]).logits_processors == []
 
 
 # Filled in by the front-end (update_from_generation_config / update_from_tokenizer), not by users.
@@ -123,8 +134,9 @@ def test_normalisation() -> None:
 
 def test_verify_against_model_limits() -> None:
     SamplingParams(logprobs=20, prompt_logprobs=0).verify(max_logprobs=20, vocab_size=100)
-    with pytest.raises(ValueError, match="logprobs=21 is more than the model's max_logprobs=20"):
+    with pytest.raises(RequestError, match="logprobs=21 is more than the model's max_logprobs=20") as info:
         SamplingParams(logprobs=21).verify(max_logprobs=20, vocab_size=100)
+    assert info.value.param == "logprobs"
     with pytest.raises(ValueError, match="prompt_logprobs=100 is more than"):
         SamplingParams(prompt_logprobs=-1).verify(max_logprobs=20, vocab_size=100)
     SamplingParams(logprobs=-1).verify(max_logprobs=-1, vocab_size=100)

@@ -12,6 +12,7 @@ import time
 import msgspec
 
 from pagedllm.core.runner_output import LogprobsLists
+from pagedllm.errors import ErrorReport
 
 
 class FinishReason(enum.IntEnum):
@@ -73,6 +74,6 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     # Wall clock, like every time that crosses the process boundary.
     timestamp: float = msgspec.field(default_factory=time.time)
     # Requests the core finished on its own initiative (e.g. rejected at admission): id -> message.
-    errors: dict[str, str] = {}
+    errors: dict[str, ErrorReport] = {}
     # The data parallel rank of the core that sent these (parallel_config.data_parallel_index).
     engine_index: int = 0

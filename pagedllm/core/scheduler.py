@@ -24,6 +24,7 @@ from pagedllm.core.request_queue import RequestQueue
 from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
 from pagedllm.core.scheduler_update import SchedulerUpdate
 from pagedllm.core.spec_stats import SpecDecodingStats
+from pagedllm.errors import ErrorReport, RequestError
 
 if TYPE_CHECKING:
     # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
@@ -121,7 +122,7 @@ class Scheduler(SchedulerUpdate):
         self.structured_output_manager = structured_output_manager
         self.waiting_for_fsm: list[Request] = []
         self.constrained_req_ids: set[str] = set()
-        self.grammar_errors: dict[str, str] = {}
+        self.grammar_errors: dict[str, ErrorReport] = {}
         # The KV connector's scheduler side (offloading tier, shared storage): it may supply the tokens
         # after a request's local prefix hit. Its counters since the last make_stats().
         self.kv_connector = kv_connector
@@ -139,10 +140,11 @@ class Scheduler(SchedulerUpdate):
         n = request.num_prompt_tokens
         # A pooling request generates nothing: its prompt may fill the whole context.
         if n + (request.pooling_params is None) > self.max_model_len:
-            raise ValueError(
+            raise RequestError(
+                "prompt",
                 f"request {request.request_id!r}: the prompt has {n} tokens, but max_model_len="
                 f"{self.max_model_len} leaves room for at most {self.max_model_len - 1} prompt tokens "
-                "(at least one token must be generated)"
+                "(at least one token must be generated)",
             )
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
@@ -167,7 +169,7 @@ class Scheduler(SchedulerUpdate):
         try:
             request.structured_output_request.init_matcher()
         except Exception as e:  # the core must survive any bad grammar
-            self.grammar_errors[request.request_id] = f"{type(e).__name__}: {e}"
+            self.grammar_errors[request.request_id] = ErrorReport.of(e, param="structured_outputs")
             request.status = RequestStatus.FINISHED_ABORTED
             self._free_request(request)
 
@@ -271,7 +273,9 @@ class Scheduler(SchedulerUpdate):
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
         pipeline = self.pipeline
-        seats = self.max_num_seqs if pipeline is None else pipeline.seats(len(self.running) + len(self.waiting))
+        seats = (
+            self.max_num_seqs if pipeline is None else pipeline.seats(len(self.running) + len(self.waiting))
+        )
 
         # Running requests first, in admission order.
         i = 0
@@ -325,7 +329,9 @@ class Scheduler(SchedulerUpdate):
         # only preempt again).
         scheduled_new: list[Request] = []
         if not preempted:
-            scheduled_new = self._schedule_waiting(token_budget, num_scheduled_tokens, seats - len(scheduled_running))
+            scheduled_new = self._schedule_waiting(
+                token_budget, num_scheduled_tokens, seats - len(scheduled_running)
+            )
 
         # Build the output from the state before this step, then advance num_computed_tokens (the
         # tokens are in flight; the next schedule() treats them as computed).
@@ -349,7 +355,9 @@ class Scheduler(SchedulerUpdate):
         )
         if pipeline is not None:
             cached.token_ids = [
-                r.all_token_ids[r.num_computed_tokens : r.num_computed_tokens + num_scheduled_tokens[r.request_id]]
+                r.all_token_ids[
+                    r.num_computed_tokens : r.num_computed_tokens + num_scheduled_tokens[r.request_id]
+                ]
                 for r in scheduled_running
             ]
             pipeline.started(num_scheduled_tokens)

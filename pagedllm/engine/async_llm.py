@@ -285,10 +285,10 @@ class AsyncLLM:
 
     def _process(self, outputs: EngineCoreOutputs) -> None:
         processed = self.output_processor.process_outputs(outputs)
-        for request_id, message in processed.errors.items():
+        for request_id, report in processed.errors.items():
             collector = self._collectors.get(request_id)
             if collector is not None:
-                collector.put(ValueError(message))
+                collector.put(report.to_error())
         if processed.reqs_to_abort:
             # Stop strings finished these in the front-end; the core would keep generating.
             self._spawn(self.client.abort_requests_async(processed.reqs_to_abort))

@@ -25,6 +25,7 @@ from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.lora_ops import LoRAOps
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.engine.utility import EngineSleepingError
+from pagedllm.errors import ErrorReport
 from pagedllm.executor import Executor
 from pagedllm.executor.abstract import StepFuture
 from pagedllm.structured_output.manager import StructuredOutputManager
@@ -73,7 +74,7 @@ class EngineCore(EngineCoreOps, LoRAOps):
         # The drafter stage runs only when a speculative method is configured.
         self._use_spec_decode = engine_config.speculative_config is not None
         # Requests refused at admission, reported (once) by the next step().
-        self._admission_errors: dict[str, str] = {}
+        self._admission_errors: dict[str, ErrorReport] = {}
         self._asleep: set[str] = set()
         # Pipeline parallelism: the batches in flight, oldest first (None: one batch at a time), and
         # the most that were ever in flight at once.
@@ -137,7 +138,7 @@ class EngineCore(EngineCoreOps, LoRAOps):
         except Exception as e:  # the core must survive any bad request
             if not isinstance(e, ValueError | EngineSleepingError):
                 logger.exception("request %s could not be added", request.request_id)
-            self._admission_errors[request.request_id] = f"{type(e).__name__}: {e}"
+            self._admission_errors[request.request_id] = ErrorReport.of(e)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)

@@ -37,6 +37,7 @@ from pagedllm.engine.core_proc import (
     run_engine_core_process,
 )
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from pagedllm.errors import RequestError
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -275,7 +276,8 @@ class AsyncMPClient:
         if result.error is None:
             future.set_result(result.result)
         else:
-            future.set_exception((ValueError if result.bad_request else RuntimeError)(result.error))
+            error = result.error
+            future.set_exception(RequestError(result.param, error) if result.bad_request else RuntimeError(error))
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next outputs of the core; raises EngineDeadError once the core is gone."""

@@ -30,6 +30,7 @@ import msgspec
 import zmq
 
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
+from pagedllm.errors import ErrorReport
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,6 +74,8 @@ class UtilityResult(msgspec.Struct):
     """`"<ExceptionType>: <message>"` when the call raised."""
     bad_request: bool = False
     """Whether it raised ValueError (bad arguments, a refused update): the caller's fault."""
+    param: str | None = None
+    """The argument at fault, when the call raised a RequestError naming one."""
 
 
 class StartupInfo(msgspec.Struct):
@@ -207,7 +210,8 @@ class EngineCoreProc:
             bad_request = isinstance(e, ValueError)
             if not bad_request:
                 logger.exception("engine utility %s failed", call.method)
-            return UtilityResult(call.call_id, error=f"{type(e).__name__}: {e}", bad_request=bad_request)
+            report = ErrorReport.of(e)
+            return UtilityResult(call.call_id, error=report.message, bad_request=bad_request, param=report.param)
 
     def _process_engine_step(self) -> None:
         if self.core.has_unfinished_requests():

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NotRequired, Protocol, TypedDict
 
 from pagedllm.engine.protocol import EngineCoreRequest
+from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
@@ -38,14 +39,15 @@ def validate_prompt_token_ids(prompt_token_ids: Sequence[int], vocab_size: int) 
     """ValueError for a prompt the forward cannot run: empty, or with token ids outside the vocabulary.
     The front-end's check, and the engine core's for clients that talk to it directly."""
     if not prompt_token_ids:
-        raise ValueError("The prompt is empty: it must contain at least one token")
+        raise RequestError("prompt", "The prompt is empty: it must contain at least one token")
     if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
         return
     out_of_vocab = sorted({t for t in prompt_token_ids if not 0 <= t < vocab_size})
     shown = out_of_vocab[:8]
-    raise ValueError(
+    raise RequestError(
+        "prompt",
         f"prompt_token_ids contains token ids outside the vocabulary [0, {vocab_size}): {shown}"
-        + (f" and {len(out_of_vocab) - len(shown)} more" if len(out_of_vocab) > len(shown) else "")
+        + (f" and {len(out_of_vocab) - len(shown)} more" if len(out_of_vocab) > len(shown) else ""),
     )
 
 
@@ -131,11 +133,15 @@ class InputProcessor:
             return token_ids, text if isinstance(text, str) else None
         if "prompt" in prompt and isinstance(prompt["prompt"], str):
             return self._encode(prompt["prompt"]), prompt["prompt"]
-        raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}")
+        raise RequestError(
+            "prompt", f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(prompt)}"
+        )
 
     def _encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("text prompts need a tokenizer; pass {'prompt_token_ids': [...]} instead")
+            raise RequestError(
+                "prompt", "text prompts need a tokenizer; pass {'prompt_token_ids': [...]} instead"
+            )
         return list(self.tokenizer.encode(text))
 
     def process_inputs(
@@ -181,9 +187,10 @@ class InputProcessor:
             raise ValueError(f"task={params.task!r} needs a pooling model; this model generates text")
         params.verify(self.pooler_config, self.hidden_size, num_prompt_tokens)
         if num_prompt_tokens > self.max_model_len:
-            raise ValueError(
+            raise RequestError(
+                "prompt",
                 f"The prompt has {num_prompt_tokens} tokens, more than the maximum model length of "
-                f"{self.max_model_len} tokens: shorten the input"
+                f"{self.max_model_len} tokens: shorten the input",
             )
         sampling = SamplingParams(max_tokens=1, detokenize=False)
         sampling.output_kind = RequestOutputKind.FINAL_ONLY
@@ -199,7 +206,7 @@ class InputProcessor:
             params.update_from_generation_config(self.generation_config, self.eos_token_id)
         if params.bad_words:
             if self.tokenizer is None:
-                raise ValueError("bad_words need a tokenizer to be turned into token ids")
+                raise RequestError("bad_words", "bad_words need a tokenizer to be turned into token ids")
             params.update_from_tokenizer(self.tokenizer)
         params.verify(self.max_logprobs, self.vocab_size)
         self._check_lengths(params, num_prompt_tokens)
@@ -213,19 +220,22 @@ class InputProcessor:
         """Apply the engine's defaults, pick the backend and check the schema / regex / grammar now, so
         a bad one is a ValueError for this request and never reaches the core."""
         if self.tokenizer is None:
-            raise ValueError("structured outputs need a tokenizer (skip_tokenizer_init is set)")
+            raise RequestError(
+                "structured_outputs", "structured outputs need a tokenizer (skip_tokenizer_init is set)"
+            )
         cfg = self.structured_outputs_config
         if cfg is None:
-            raise ValueError("structured outputs are not enabled on this engine")
+            raise RequestError("structured_outputs", "structured outputs are not enabled on this engine")
         apply_engine_config(constraint, cfg)
 
     def _check_lengths(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
-            raise ValueError(
+            raise RequestError(
+                "prompt",
                 f"The prompt has {num_prompt_tokens} tokens, but the maximum model length is "
                 f"{self.max_model_len} tokens, which leaves no room for any output token: "
-                "shorten the prompt or raise max_model_len"
+                "shorten the prompt or raise max_model_len",
             )
         user_set = params.user_set_fields or frozenset()
         if params.max_tokens is None or (params.max_tokens > room and "max_tokens" not in user_set):
@@ -233,9 +243,12 @@ class InputProcessor:
             # not fit is cut to the room left: make it explicit so the scheduler and metrics see a number.
             params.max_tokens = room
         elif params.max_tokens > room:
-            raise ValueError(
+            raise RequestError(
+                "max_tokens",
                 f"max_tokens={params.max_tokens} is too large: the prompt has {num_prompt_tokens} tokens and "
-                f"the maximum model length is {self.max_model_len}, so at most {room} tokens can be generated"
+                f"the maximum model length is {self.max_model_len}, so at most {room} tokens can be generated",
             )
         if params.min_tokens > params.max_tokens:
-            raise ValueError(f"min_tokens={params.min_tokens} is more than max_tokens={params.max_tokens}")
+            raise RequestError(
+                "min_tokens", f"min_tokens={params.min_tokens} is more than max_tokens={params.max_tokens}"
+            )

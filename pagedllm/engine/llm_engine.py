@@ -179,7 +179,7 @@ class LLMEngine:
         self.engine_core.abort_requests(processed.reqs_to_abort)
         if processed.errors:
             self._undelivered = [o for o in processed.request_outputs if o.request_id not in processed.errors]
-            details = "; ".join(f"request {rid!r}: {message}" for rid, message in processed.errors.items())
+            details = "; ".join(f"request {rid!r}: {r.message}" for rid, r in processed.errors.items())
             raise ValueError(f"The engine rejected requests: {details}")
         if (
             not outputs.outputs

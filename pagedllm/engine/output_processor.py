@@ -24,6 +24,7 @@ from pagedllm.core.runner_output import LogprobsLists
 from pagedllm.engine.detokenizer import IncrementalDetokenizer, decode_token_ids
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from pagedllm.engine.request_observer import RequestObserver
+from pagedllm.errors import ErrorReport
 from pagedllm.outputs import (
     CompletionOutput,
     Logprob,
@@ -87,8 +88,8 @@ class OutputProcessorOutput:
     request_outputs: list[RequestOutput | PoolingRequestOutput] = field(default_factory=list)
     # Core request ids that a stop string finished: the caller must abort them in the core.
     reqs_to_abort: list[str] = field(default_factory=list)
-    # User request id -> message, for requests the core rejected (EngineCoreOutputs.errors).
-    errors: dict[str, str] = field(default_factory=dict)
+    # User request id -> the refusal, for requests the core rejected (EngineCoreOutputs.errors).
+    errors: dict[str, ErrorReport] = field(default_factory=dict)
 
 
 class _LogprobsConverter:
@@ -429,11 +430,11 @@ class OutputProcessor:
         if isinstance(outputs, EngineCoreOutputs):
             core_outputs = list(outputs.outputs)
             # Rejected requests are finished as aborted, with the reason reported by user request id.
-            for core_id, message in outputs.errors.items():
+            for core_id, report in outputs.errors.items():
                 state = self.request_states.get(core_id)
                 if state is not None:
                     user_id = state.parent.request_id if state.parent is not None else core_id
-                    result.errors[user_id] = message
+                    result.errors[user_id] = report
                     core_outputs.append(EngineCoreOutput(core_id, [], finish_reason=FinishReason.ABORT))
         else:
             core_outputs = outputs

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from pagedllm.errors import RequestError
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 BACKENDS = ("xgrammar", "guidance")
@@ -36,7 +37,10 @@ def _xgrammar_grammar(params: StructuredOutputsParams) -> Any:
 
     kind = params.kind
     if params.whitespace_pattern is not None:
-        raise ValueError("structured_outputs.whitespace_pattern is not supported by the xgrammar backend")
+        raise RequestError(
+            "structured_outputs",
+            "structured_outputs.whitespace_pattern is not supported by the xgrammar backend",
+        )
     try:
         if kind == "json":
             return xgr.Grammar.from_json_schema(
@@ -54,7 +58,9 @@ def _xgrammar_grammar(params: StructuredOutputsParams) -> Any:
             return xgr.Grammar.from_ebnf(params.grammar)
         return xgr.Grammar.from_structural_tag(params.structural_tag)
     except (RuntimeError, ValueError, TypeError) as e:
-        raise ValueError(f"structured_outputs.{kind} is invalid: {_first_line(e)}") from e
+        raise RequestError(
+            "structured_outputs", f"structured_outputs.{kind} is invalid: {_first_line(e)}"
+        ) from e
 
 
 class _XgrammarMatcher:
@@ -132,7 +138,9 @@ def _guidance_grammar(params: StructuredOutputsParams) -> str:
     elif kind == "grammar":
         grammar = llguidance.grammar_from("grammar", params.grammar)  # type: ignore[arg-type]
     else:
-        raise ValueError("structured_outputs.structural_tag is not supported by the guidance backend")
+        raise RequestError(
+            "structured_outputs", "structured_outputs.structural_tag is not supported by the guidance backend"
+        )
     return grammar
 
 
@@ -146,10 +154,14 @@ def _guidance_checked_grammar(params: StructuredOutputsParams) -> str:
         if str(e).startswith("structured_outputs."):
             raise
         # llguidance refuses some inputs already while converting them (e.g. a GBNF with an undefined rule).
-        raise ValueError(f"structured_outputs.{kind} is invalid: {_first_line(e)}") from e
+        raise RequestError(
+            "structured_outputs", f"structured_outputs.{kind} is invalid: {_first_line(e)}"
+        ) from e
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        raise ValueError(f"structured_outputs.{kind} is invalid: {_first_line(error)}")
+        raise RequestError(
+            "structured_outputs", f"structured_outputs.{kind} is invalid: {_first_line(error)}"
+        )
     return grammar
 
 
@@ -187,7 +199,9 @@ class GuidanceBackend:
 
         matcher = llguidance.LLMatcher(self.tokenizer, compiled, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"the grammar could not be compiled: {_first_line(matcher.get_error())}")
+            raise RequestError(
+                "structured_outputs", f"the grammar could not be compiled: {_first_line(matcher.get_error())}"
+            )
         return _GuidanceMatcher(matcher)
 
     def fill_bitmask(self, matchers: list[Any], bitmask: np.ndarray, rows: list[int]) -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import msgspec
 
+from pagedllm.errors import RequestError
+
 # The constraint kinds; exactly one is set per request.
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
@@ -36,40 +38,51 @@ class StructuredOutputsParams(msgspec.Struct, omit_defaults=True):
     def __post_init__(self) -> None:
         kinds = self.set_kinds()
         if len(kinds) != 1:
-            raise ValueError(
+            raise RequestError(
+                "structured_outputs",
                 "structured_outputs needs exactly one of "
-                f"{', '.join(KINDS)}; got {', '.join(kinds) if kinds else 'none'}"
+                f"{', '.join(KINDS)}; got {', '.join(kinds) if kinds else 'none'}",
             )
         for name in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"structured_outputs.{name} must be True or False, got {getattr(self, name)!r}"
+                raise RequestError(
+                    "structured_outputs",
+                    f"structured_outputs.{name} must be True or False, got {getattr(self, name)!r}",
                 )
         if isinstance(self.json, str):
             try:
                 schema = json.loads(self.json)
             except json.JSONDecodeError as e:
-                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from e
+                raise RequestError(
+                    "structured_outputs", f"structured_outputs.json is not valid JSON: {e}"
+                ) from e
             if not isinstance(schema, dict | bool):
-                raise ValueError("structured_outputs.json must be a JSON schema (an object)")
+                raise RequestError(
+                    "structured_outputs", "structured_outputs.json must be a JSON schema (an object)"
+                )
         if self.json_object is not None and self.json_object is not True:
-            raise ValueError(
-                f"structured_outputs.json_object must be True when set, got {self.json_object!r}"
+            raise RequestError(
+                "structured_outputs",
+                f"structured_outputs.json_object must be True when set, got {self.json_object!r}",
             )
         if self.choice is not None and (
             not isinstance(self.choice, list)
             or not self.choice
             or not all(isinstance(c, str) for c in self.choice)
         ):
-            raise ValueError(
-                f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}"
+            raise RequestError(
+                "structured_outputs",
+                f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}",
             )
         for name in ("regex", "grammar", "structural_tag", "whitespace_pattern"):
             value = getattr(self, name)
             if value is not None and (
                 not isinstance(value, str) or (name != "whitespace_pattern" and not value)
             ):
-                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+                raise RequestError(
+                    "structured_outputs",
+                    f"structured_outputs.{name} must be a non-empty string, got {value!r}",
+                )
 
     def set_kinds(self) -> list[str]:
         return [k for k in KINDS if getattr(self, k) not in (None, False)]

@@ -12,6 +12,7 @@ from fake_runner import FakeRunner, make_request, make_scheduler, run_until_done
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.engine.protocol import FinishReason
+from pagedllm.errors import ErrorReport
 
 
 class FakeGrammar:
@@ -139,11 +140,12 @@ def test_failed_grammar_fails_its_request_alone() -> None:
     s.add_request(constrained(s, "bad", [1, 2], FakeGrammar(ready=False, error="bad schema")))
     s.add_request(constrained(s, "bad-now", [1, 2], FakeGrammar(error="bad regex")))
     s.add_request(make_request(s, "good", [3, 4], max_tokens=2))
-    assert s.grammar_errors == {"bad-now": "ValueError: bad regex"}
+    # A grammar that does not compile is the constraint's fault: its report names the field.
+    assert s.grammar_errors == {"bad-now": ErrorReport("ValueError: bad regex", "structured_outputs")}
     s.grammar_errors = {}
     s.requests["bad"].structured_output_request.ready = True  # type: ignore[union-attr]
     res = run_until_done(s, runner)
-    assert s.grammar_errors == {"bad": "ValueError: bad schema"}
+    assert s.grammar_errors == {"bad": ErrorReport("ValueError: bad schema", "structured_outputs")}
     assert set(res.tokens) == {"good"} and not s.has_unfinished_requests()
 
 

@@ -22,6 +22,7 @@ from pagedllm.engine.protocol import (
     FinishReason,
     SchedulerStats,
 )
+from pagedllm.errors import ErrorReport, RequestError
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer import get_tokenizer
@@ -35,8 +36,8 @@ class ScriptedClient:
         self.requests: dict[str, EngineCoreRequest] = {}
         self.progress: dict[str, int] = {}
         self.aborted: list[str] = []
-        self.reject: dict[str, str] = {}
-        self.pending_errors: dict[str, str] = {}
+        self.reject: dict[str, ErrorReport] = {}
+        self.pending_errors: dict[str, ErrorReport] = {}
         self.dead_error: EngineDeadError | None = None
         self.alive = True
         self.processes = [SimpleNamespace(is_alive=lambda: self.alive)]
@@ -196,10 +197,11 @@ def test_invalid_and_refused_requests(tokenizer: Any) -> None:
             await engine.add_request("a", "Count:", SamplingParams(max_tokens=1))
         stream.abort()
         # A refusal by the core (the next step's `errors`) ends that request's stream alone.
-        client.reject["r"] = "the core says no"
-        with pytest.raises(ValueError, match="the core says no"):
+        client.reject["r"] = ErrorReport("the core says no", "max_tokens")
+        with pytest.raises(RequestError, match="the core says no") as info:
             async for _ in engine.generate("Count:", SamplingParams(max_tokens=2), "r"):
                 pass
+        assert info.value.param == "max_tokens"
 
     run(tokenizer, scenario)
 

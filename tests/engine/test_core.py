@@ -139,8 +139,11 @@ def test_admission_error_is_reported_not_raised(model_dir: Path, hf_tokens: list
         tokens, _, outputs = run_to_completion(core)
         errors = [(k, v) for o in outputs for k, v in o.errors.items()]
         assert [k for k, _ in errors] == ["too-long", "empty", "bad-id", "ok"]
-        assert "128" in errors[0][1] and "empty" in errors[1][1] and "256" in errors[2][1]
-        assert "already" in errors[3][1]
+        assert "128" in errors[0][1].message and "empty" in errors[1][1].message
+        assert "256" in errors[2][1].message and "already" in errors[3][1].message
+        # The prompt is at fault in the first three (the field travels with the message); no one field
+        # is in a duplicate id.
+        assert [e.param for _, e in errors] == ["prompt", "prompt", "prompt", None]
         assert tokens == {"ok": hf_tokens[1]}
     finally:
         core.shutdown()

@@ -12,6 +12,7 @@ import pytest
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.dp_client import WAITING_WEIGHT, DPAsyncMPClient, LoadBalancer
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.errors import ErrorReport
 from pagedllm.lora.request import LoRARequest
 from pagedllm.sampling_params import SamplingParams
 
@@ -95,7 +96,7 @@ def test_outputs_and_aborts_release_load() -> None:
     assert (balancer.load(0), balancer.load(1)) == (1 + WAITING_WEIGHT, 1)
     balancer.observe(
         EngineCoreOutputs(
-            [EngineCoreOutput("a", [5], finish_reason=FinishReason.LENGTH)], errors={"b": "bad"}
+            [EngineCoreOutput("a", [5], finish_reason=FinishReason.LENGTH)], errors={"b": ErrorReport("bad")}
         )
     )
     assert (balancer.load(0), balancer.load(1)) == (WAITING_WEIGHT, 0)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pagedllm.engine.input_processor import InputProcessor
+from pagedllm.errors import RequestError
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.tokenizer import get_tokenizer
 
@@ -73,14 +74,18 @@ def test_arrival_time_and_priority(tokenizer: Any) -> None:
     ],
 )
 def test_bad_prompts(tokenizer: Any, prompt: Any, error: type[Exception], match: str) -> None:
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as info:
         make(tokenizer).process_inputs("a", prompt, None)
+    # Refusals of the prompt name it (the server's `param`); a prompt of the wrong Python type is the
+    # offline caller's TypeError.
+    assert error is TypeError or getattr(info.value, "param", None) == "prompt"
 
 
 def test_prompt_too_long(tokenizer: Any) -> None:
     processor = make(tokenizer, max_model_len=8)
-    with pytest.raises(ValueError, match="prompt has 9 tokens, but the maximum model length is 8"):
+    with pytest.raises(RequestError, match="prompt has 9 tokens, but the maximum model length is 8") as info:
         processor.process_inputs("a", {"prompt_token_ids": [1] * 9}, None)
+    assert info.value.param == "prompt"
     # A prompt that fills the context exactly leaves no room for even one output token.
     with pytest.raises(ValueError, match="prompt has 8 tokens.*no room"):
         processor.process_inputs("a", {"prompt_token_ids": [1] * 8}, None)
@@ -89,8 +94,11 @@ def test_prompt_too_long(tokenizer: Any) -> None:
 def test_max_tokens_room(tokenizer: Any) -> None:
     processor = make(tokenizer, max_model_len=16)
     prompt = {"prompt_token_ids": [1] * 10}
-    with pytest.raises(ValueError, match="max_tokens=7 is too large: the prompt has 10 tokens.*at most 6"):
+    with pytest.raises(
+        RequestError, match="max_tokens=7 is too large: the prompt has 10 tokens.*at most 6"
+    ) as info:
         processor.process_inputs("a", prompt, SamplingParams(max_tokens=7))
+    assert info.value.param == "max_tokens"
     request, _ = processor.process_inputs("a", prompt, SamplingParams(max_tokens=6))
     assert request.sampling_params.max_tokens == 6
     # None means "up to the context".
@@ -99,8 +107,9 @@ def test_max_tokens_room(tokenizer: Any) -> None:
     # The default of 16 does not fit: it is cut to the room left rather than rejected.
     request, _ = processor.process_inputs("a", prompt, SamplingParams())
     assert request.sampling_params.max_tokens == 6
-    with pytest.raises(ValueError, match="min_tokens=8 is more than max_tokens=6"):
+    with pytest.raises(RequestError, match="min_tokens=8 is more than max_tokens=6") as info:
         processor.process_inputs("a", prompt, SamplingParams(min_tokens=8, max_tokens=None))
+    assert info.value.param == "min_tokens"
 
 
 def test_logprobs_limit(tokenizer: Any) -> None:

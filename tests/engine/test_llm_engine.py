@@ -12,6 +12,7 @@ from scripted_model import SCRIPT, fake_engine_config
 from pagedllm.config import LoggingConfig
 from pagedllm.engine.llm_engine import LLMEngine
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.errors import ErrorReport
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer import get_tokenizer
@@ -25,8 +26,8 @@ class ScriptedCore:
         self.requests: dict[str, EngineCoreRequest] = {}
         self.progress: dict[str, int] = {}
         self.aborted: list[str] = []
-        self.reject: dict[str, str] = {}
-        self.pending_errors: dict[str, str] = {}
+        self.reject: dict[str, ErrorReport] = {}
+        self.pending_errors: dict[str, ErrorReport] = {}
         self.prefix_cache_resets = 0
 
     def add_request(self, request: EngineCoreRequest) -> None:
@@ -137,7 +138,7 @@ def test_validation_and_duplicate_ids(engine: LLMEngine) -> None:
 
 
 def test_core_rejection_raises(engine: LLMEngine) -> None:
-    engine.engine_core.reject["a"] = "ValueError: no room"  # type: ignore[attr-defined]
+    engine.engine_core.reject["a"] = ErrorReport("ValueError: no room")  # type: ignore[attr-defined]
     engine.add_request("a", "Count:", SamplingParams(max_tokens=2))
     engine.add_request("b", "Count:", SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="request 'a': ValueError: no room"):

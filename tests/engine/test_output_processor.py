@@ -12,6 +12,7 @@ import pytest
 from pagedllm.core.runner_output import LogprobsLists
 from pagedllm.engine.output_processor import OutputProcessor, ParentRequest, RequestOutputCollector
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
+from pagedllm.errors import ErrorReport
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.tokenizer import get_tokenizer
@@ -250,8 +251,9 @@ def test_core_errors_finish_requests(tokenizer: Any) -> None:
     processor = OutputProcessor(tokenizer)
     processor.add_request(make_request(tokenizer, "bad"), PROMPT)
     add_parent(processor, tokenizer, RequestOutputKind.FINAL_ONLY)
-    result = processor.process_outputs(EngineCoreOutputs([], errors={"bad": "too long", "1_p": "no room"}))
-    assert result.errors == {"bad": "too long", "p": "no room"}
+    errors = {"bad": ErrorReport("too long", "prompt"), "1_p": ErrorReport("no room")}
+    result = processor.process_outputs(EngineCoreOutputs([], errors=errors))
+    assert result.errors == {"bad": errors["bad"], "p": errors["1_p"]}
     (output,) = result.request_outputs
     assert output.request_id == "bad" and output.outputs[0].finish_reason == "abort"
     assert set(processor.request_states) == {"0_p"}

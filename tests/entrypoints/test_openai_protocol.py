@@ -9,10 +9,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import CompletionRequest
 from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
+from pagedllm.entrypoints.openai.serving_utils import request_error
+from pagedllm.errors import RequestError
 from pagedllm.sampling_params import RequestOutputKind
 
 
@@ -58,18 +60,20 @@ def test_unknown_fields_are_reported_not_rejected() -> None:
 
 
 @pytest.mark.parametrize(
-    ("message", "param"),
+    ("error", "param"),
     [
-        ("top_p must be in (0, 1], got 1.5", "top_p"),
-        ("max_tokens=1000 is too large: the prompt has 6 tokens", "max_tokens"),
-        ("logprobs=50 is more than the model's max_logprobs=20", "logprobs"),
-        ("min_tokens=5 is more than max_tokens=3", "min_tokens"),
-        ("prompt_token_ids contains token ids outside the vocabulary", None),
-        ("something unrelated", None),
+        (RequestError("top_p", "top_p must be in (0, 1], got 1.5"), "top_p"),
+        # The prompt is the request's own field: chat's messages, pooling's input.
+        (RequestError("prompt", "The prompt has 600 tokens"), "messages"),
+        # The constraint's errors name the field the constraint came from.
+        (RequestError("structured_outputs", "structured_outputs.json is invalid"), "response_format"),
+        # No guessing from the words of a message: a plain ValueError names no field.
+        (ValueError("max_tokens=1000 is too large"), None),
     ],
 )
-def test_guess_param(message: str, param: str | None) -> None:
-    assert guess_param(message, ["max_tokens", "top_p", "logprobs", "min_tokens", "prompt_logprobs"]) == param
+def test_request_error_names_the_request_field(error: ValueError, param: str | None) -> None:
+    mapped = request_error(error, "messages", "response_format")
+    assert (mapped.status, mapped.param, mapped.message) == (400, param, str(error))
 
 
 def test_models_check() -> None:

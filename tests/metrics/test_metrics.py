@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
+from pagedllm.errors import ErrorReport
 from pagedllm.metrics.loggers import LoggingStatLogger
 from pagedllm.metrics.prometheus import PrometheusStatLogger, _token_buckets
 from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
@@ -95,7 +96,7 @@ def test_tracker_queue_time_unknown_or_skewed() -> None:
 def test_tracker_forgets_rejected_requests() -> None:
     tracker = RequestStatsTracker()
     tracker.add_request("bad", num_prompt_tokens=4)
-    tracker.update(EngineCoreOutputs(errors={"bad": "too long"}))
+    tracker.update(EngineCoreOutputs(errors={"bad": ErrorReport("too long")}))
     assert tracker.finish_request("bad", FinishReason.ABORT) is None
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
@@ -58,16 +57,6 @@ def http_error_response(exc: HTTPException) -> JSONResponse:
     message = exc.detail if isinstance(exc.detail, str) and exc.detail else status.phrase
     # Keep headers such as 405's Allow.
     return error_response(OpenAIError(message, status), headers=exc.headers)
-
-
-def guess_param(message: str, candidates: Iterable[str]) -> str | None:
-    """The request field a validation message is about: the earliest candidate named as a whole word."""
-    best: tuple[int, str] | None = None
-    for name in candidates:
-        match = re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)
-        if match and (best is None or match.start() < best[0]):
-            best = (match.start(), name)
-    return None if best is None else best[1]
 
 
 def validation_error(exc: RequestValidationError | ValidationError) -> OpenAIError:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from pagedllm.errors import RequestError
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 from pagedllm.structured_output.params import StructuredOutputsParams
 
@@ -181,11 +182,15 @@ class SamplingFields(OpenAIBaseModel):
         others = (["structured_outputs"] if self.structured_outputs is not None else []) + list(guided)
         from_format = _from_response_format(self.response_format)
         if from_format is not None and others:
-            raise ValueError(f"response_format cannot be combined with {others[0]}: give one constraint")
+            raise RequestError(
+                "response_format", f"response_format cannot be combined with {others[0]}: give one constraint"
+            )
         if from_format is not None:
             return from_format
         if self.structured_outputs is not None and guided:
-            raise ValueError(f"structured_outputs cannot be combined with {next(iter(guided))}")
+            raise RequestError(
+                "structured_outputs", f"structured_outputs cannot be combined with {next(iter(guided))}"
+            )
         if self.structured_outputs is not None:
             fields: dict[str, Any] = dict(self.structured_outputs)
         elif guided:
@@ -193,15 +198,18 @@ class SamplingFields(OpenAIBaseModel):
             if self.guided_whitespace_pattern is not None:
                 fields["whitespace_pattern"] = self.guided_whitespace_pattern
             if len(fields) - ("whitespace_pattern" in fields) > 1:
-                raise ValueError(f"only one of {', '.join(guided)} may be given")
+                raise RequestError(next(iter(guided)), f"only one of {', '.join(guided)} may be given")
         else:
             return None
         if "resolved_backend" in fields:
-            raise ValueError("structured_outputs.resolved_backend is set by the server, not by requests")
+            raise RequestError(
+                "structured_outputs",
+                "structured_outputs.resolved_backend is set by the server, not by requests",
+            )
         try:
             return StructuredOutputsParams(**fields)
         except TypeError as e:
-            raise ValueError(f"structured_outputs: {e}") from e
+            raise RequestError("structured_outputs", f"structured_outputs: {e}") from e
 
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
@@ -250,12 +258,14 @@ def _from_response_format(response_format: dict[str, Any] | None) -> StructuredO
         spec = response_format.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise ValueError(
-                "response_format of type 'json_schema' needs json_schema.schema, a JSON schema object"
+            raise RequestError(
+                "response_format",
+                "response_format of type 'json_schema' needs json_schema.schema, a JSON schema object",
             )
         return StructuredOutputsParams(json=schema)
-    raise ValueError(
-        f"response_format of type {kind!r} is not supported (use 'text', 'json_object' or 'json_schema')"
+    raise RequestError(
+        "response_format",
+        f"response_format of type {kind!r} is not supported (use 'text', 'json_object' or 'json_schema')",
     )
 
 

@@ -45,18 +45,18 @@ from pagedllm.entrypoints.openai.serving_utils import (
     check_supported_fields,
     engine_dead_error,
     merge_streams,
-    param_of_engine_error,
+    request_error,
     sse,
     sse_error,
     start_requests,
 )
+from pagedllm.errors import RequestError
 from pagedllm.outputs import CompletionOutput, Logprob
 from pagedllm.tokenizer import resolve_chat_template
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
 PROMPT_PARAM = "messages"
-_PARAMS = list(ChatCompletionRequest.model_fields)
 
 
 def render_chat_prompt(
@@ -89,9 +89,10 @@ def render_chat_prompt(
         # Raised while rendering: templates call raise_exception() on conversations they refuse
         # (e.g. roles that do not alternate), so the messages are at fault.
         raise OpenAIError(f"The chat template refused the messages: {e}", param="messages") from e
-    except (ValueError, TypeError) as e:
-        param = "chat_template" if "template" in str(e) else "messages"
-        raise OpenAIError(str(e), param=param) from e
+    except RequestError as e:
+        raise OpenAIError(str(e), param=e.param) from e
+    except (ValueError, TypeError) as e:  # a message of the wrong shape
+        raise OpenAIError(str(e), param="messages") from e
 
 
 def load_chat_template(chat_template: str) -> str:
@@ -130,10 +131,6 @@ def chat_logprobs(
             )
         )
     return ChatCompletionLogProbs(content=content)
-
-
-def _param(message: str) -> str | None:
-    return param_of_engine_error(message, _PARAMS, PROMPT_PARAM)
 
 
 def _chat_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIError:
@@ -200,8 +197,7 @@ class OpenAIServingChat:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
-            raise _chat_error(request, OpenAIError(str(e), param=param)) from e
+            raise _chat_error(request, request_error(e, PROMPT_PARAM, request.constraint_param())) from e
         apply_tool_choice(request, params, self.tool_calling, self.engine.tokenizer)
         text = await asyncio.to_thread(
             render_chat_prompt,
@@ -223,7 +219,6 @@ class OpenAIServingChat:
                 [prompt],
                 params,
                 request.priority,
-                _PARAMS,
                 PROMPT_PARAM,
                 request.constraint_param(),
                 trace_headers=trace_headers,
@@ -262,7 +257,7 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            raise _chat_error(request, OpenAIError(str(e), param=_param(str(e)))) from e
+            raise _chat_error(request, request_error(e, PROMPT_PARAM, request.constraint_param())) from e
         assert final is not None and final.finished
         reasoning = self.reasoning.for_request(request)
         choices = [
@@ -337,5 +332,5 @@ class OpenAIServingChat:
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
-            yield sse_error(_chat_error(request, OpenAIError(str(e), param=_param(str(e)))))
+            yield sse_error(_chat_error(request, request_error(e, PROMPT_PARAM, request.constraint_param())))
         yield SSE_DONE

@@ -27,7 +27,7 @@ from pagedllm.entrypoints.openai.serving_utils import (
     check_supported_fields,
     engine_dead_error,
     merge_streams,
-    param_of_engine_error,
+    request_error,
     sse,
     sse_error,
     start_requests,
@@ -37,7 +37,6 @@ from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestO
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
 PROMPT_PARAM = "prompt"
-_PARAMS = list(CompletionRequest.model_fields)
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[PromptType]:
@@ -131,8 +130,7 @@ class OpenAIServingCompletion:
         try:
             params = request.to_sampling_params()
         except ValueError as e:
-            param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
-            raise OpenAIError(str(e), param=param) from e
+            raise request_error(e, PROMPT_PARAM, request.constraint_param()) from e
         prompts = await self._tokenized(request)
         request_id = random_id("cmpl")
         streams = await start_requests(
@@ -141,7 +139,6 @@ class OpenAIServingCompletion:
             prompts,
             params,
             request.priority,
-            _PARAMS,
             PROMPT_PARAM,
             request.constraint_param(),
             trace_headers=trace_headers,
@@ -166,8 +163,7 @@ class OpenAIServingCompletion:
         except EngineDeadError as e:
             raise engine_dead_error(e) from e
         except ValueError as e:  # rejected by the core at admission
-            param = param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM, request.constraint_param())
-            raise OpenAIError(str(e), param=param) from e
+            raise request_error(e, PROMPT_PARAM, request.constraint_param()) from e
         choices: list[CompletionResponseChoice] = []
         usage = UsageInfo()
         for prompt_index, final in enumerate(finals):
@@ -286,7 +282,7 @@ class OpenAIServingCompletion:
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
-            yield sse_error(OpenAIError(str(e), param=param_of_engine_error(str(e), _PARAMS, PROMPT_PARAM)))
+            yield sse_error(request_error(e, PROMPT_PARAM, request.constraint_param()))
         yield SSE_DONE
 
 

@@ -40,7 +40,7 @@ from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     PromptTokenizer,
     engine_dead_error,
-    param_of_engine_error,
+    request_error,
 )
 from pagedllm.llm_pooling import cosine_similarity, cross_encoder_prompt, pair_texts
 from pagedllm.outputs import PoolingRequestOutput
@@ -103,13 +103,10 @@ class OpenAIServingPooling:
                 streams.append(
                     await self.engine.add_request(f"{request_id}-{i}", prompt, p, priority=priority)
                 )
-        except (ValueError, TypeError) as e:
+        except ValueError as e:
             for stream in streams:
                 stream.abort()
-            message = str(e)
-            raise OpenAIError(
-                message, param=param_of_engine_error(message, ["dimensions", "input"], "input")
-            ) from e
+            raise request_error(e, "input") from e
         except EngineDeadError as e:
             for stream in streams:
                 stream.abort()

@@ -13,8 +13,9 @@ from pydantic import BaseModel
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
-from pagedllm.entrypoints.openai.errors import OpenAIError, guess_param
+from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse, SamplingFields
+from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
 from pagedllm.sampling_params import SamplingParams
@@ -72,19 +73,17 @@ def check_supported_fields(
         raise OpenAIError(f"n={request.n} is more than this server's --max-n-sequences={max_n}", param="n")
 
 
-def param_of_engine_error(
-    message: str, param_names: list[str], prompt_param: str, constraint_param: str | None = None
-) -> str | None:
-    """The request field an InputProcessor/SamplingParams error is about. ``constraint_param`` is the
-    field the request's output constraint came from (errors of the constraint name structured_outputs)."""
-    lowered = message.lower()
-    if constraint_param is not None and message.startswith("structured_outputs"):
-        return constraint_param
-    # Prompt errors ("The prompt has 600 tokens, but the maximum model length ...") name the model in
-    # passing; they are about the prompt (or, for chat, the messages).
-    if lowered.startswith("the prompt") or "prompt_token_ids" in lowered or "prompt must" in lowered:
-        return prompt_param
-    return guess_param(message, [p for p in param_names if p not in ("model", "prompt", "messages")])
+def request_error(error: ValueError, prompt_param: str, constraint_param: str | None = None) -> OpenAIError:
+    """A 400 for a request the engine refused, naming the field its RequestError names. Validators name
+    the offline API's fields, which are the request's too, except two the request spells its own way: the
+    prompt (``prompt_param``: chat's messages, pooling's input) and the output constraint (the field it
+    came from, ``constraint_param``: response_format, guided_json, tools, ...)."""
+    param = error.param if isinstance(error, RequestError) else None
+    if param == "prompt":
+        param = prompt_param
+    elif param == "structured_outputs" and constraint_param is not None:
+        param = constraint_param
+    return OpenAIError(str(error), param=param)
 
 
 async def start_requests(
@@ -93,7 +92,6 @@ async def start_requests(
     prompts: list[PromptType],
     params: SamplingParams,
     priority: int,
-    param_names: list[str],
     prompt_param: str,
     constraint_param: str | None = None,
     trace_headers: dict[str, str] | None = None,
@@ -116,12 +114,10 @@ async def start_requests(
                     lora_request=lora_request,
                 )
             )
-    except (ValueError, TypeError) as e:
+    except ValueError as e:
         for stream in streams:
             stream.abort()
-        message = str(e)
-        param = param_of_engine_error(message, param_names, prompt_param, constraint_param)
-        raise OpenAIError(message, param=param) from e
+        raise request_error(e, prompt_param, constraint_param) from e
     except EngineDeadError as e:
         for stream in streams:
             stream.abort()
