@@ -1,6 +1,8 @@
 """Pooling models through `LLM.embed` / `LLM.score` against sentence-transformers and transformers on the
 same tiny random weights: BERT encoders (CLS / MEAN pooling, normalisation, Matryoshka dimensions), a
-BERT cross-encoder, and Qwen3 decoders used as last-token embedders."""
+BERT cross-encoder, and Qwen3 decoders used as last-token embedders. The engine runs in the machine's
+default dtype; the references run in float32, and the tolerance is what that dtype's rounding does to
+the reference run in it (`dtype_tolerance`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from dtype_tolerance import assert_close_in_dtype, in_dtype
 from tiny_models import make_tiny_model
 from tiny_pooling_models import make_tiny_bert, make_tiny_cross_encoder
 from transformers import AutoTokenizer
@@ -35,6 +38,10 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.cosine_similarity(a.float(), b.float(), dim=-1)
 
 
+def _dtype(llm: LLM) -> torch.dtype:
+    return llm.llm_engine.model_config.dtype
+
+
 @pytest.fixture(scope="module")
 def bert_mean(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("bert-mean")
@@ -52,13 +59,17 @@ def bert_mean_llm(bert_mean: Path) -> Iterator[LLM]:
 def test_bert_mean_matches_sentence_transformers(bert_mean: Path, bert_mean_llm: LLM) -> None:
     from sentence_transformers import SentenceTransformer
 
-    reference = SentenceTransformer(str(bert_mean), device="cpu").encode(SENTENCES, convert_to_tensor=True)
+    model = SentenceTransformer(str(bert_mean), device="cpu")
+
+    def reference(dtype: torch.dtype) -> torch.Tensor:
+        return in_dtype(model, dtype).encode(SENTENCES, convert_to_tensor=True).float()
+
     got = _embeddings(bert_mean_llm, SENTENCES)
-    assert got.shape == reference.shape
-    assert torch.all(_cosine(got, reference) > 0.9999)
+    assert got.shape == reference(torch.float32).shape
+    assert torch.all(_cosine(got, reference(torch.float32)) > 0.9999)
     # The Normalize module is read from modules.json.
     torch.testing.assert_close(got.norm(dim=-1), torch.ones(len(SENTENCES)), atol=1e-5, rtol=0)
-    torch.testing.assert_close(got, reference.float(), atol=1e-4, rtol=1e-4)
+    assert_close_in_dtype(got, reference, _dtype(bert_mean_llm))
 
 
 def test_more_prompts_than_max_num_seqs_and_token_ids(bert_mean_llm: LLM) -> None:
@@ -100,11 +111,14 @@ def test_bert_cls_without_sentence_transformers_matches_transformers(tmp_path: P
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     llm = LLM(str(tmp_path), **ENGINE_ARGS)
     got = _embeddings(llm, SENTENCES)
-    with torch.no_grad():
-        batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
-        cls = hf(**batch).last_hidden_state[:, 0]
-    assert torch.all(_cosine(got, cls) > 0.9999)
-    torch.testing.assert_close(got, F.normalize(cls, dim=-1), atol=1e-4, rtol=1e-4)
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+
+    @torch.no_grad()
+    def reference(dtype: torch.dtype) -> torch.Tensor:
+        return F.normalize(in_dtype(hf, dtype)(**batch).last_hidden_state[:, 0].float(), dim=-1)
+
+    assert torch.all(_cosine(got, reference(torch.float32)) > 0.9999)
+    assert_close_in_dtype(got, reference, _dtype(llm))
 
 
 def test_bert_pooler_config_overrides(tmp_path: Path) -> None:
@@ -112,12 +126,15 @@ def test_bert_pooler_config_overrides(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     llm = LLM(str(tmp_path), pooler_config={"pooling_type": "MEAN", "normalize": False}, **ENGINE_ARGS)
     got = _embeddings(llm, SENTENCES)
-    with torch.no_grad():
-        batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
-        hidden = hf(**batch).last_hidden_state
-        mask = batch["attention_mask"][..., None].float()
-        mean = (hidden * mask).sum(1) / mask.sum(1)
-    torch.testing.assert_close(got, mean, atol=1e-4, rtol=1e-4)
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    mask = batch["attention_mask"][..., None].float()
+
+    @torch.no_grad()
+    def mean(dtype: torch.dtype) -> torch.Tensor:
+        hidden = in_dtype(hf, dtype)(**batch).last_hidden_state.float()
+        return (hidden * mask).sum(1) / mask.sum(1)
+
+    assert_close_in_dtype(got, mean, _dtype(llm))
 
 
 def test_cross_encoder_scores_match_transformers(tmp_path: Path) -> None:
@@ -127,14 +144,18 @@ def test_cross_encoder_scores_match_transformers(tmp_path: Path) -> None:
     documents = ["it stores keys and values in blocks", "a cat sat on the mat", "hello world"]
     llm = LLM(str(tmp_path), **ENGINE_ARGS)
     got = torch.tensor([s.outputs.score for s in llm.score(query, documents, use_tqdm=False)])
+    batch = tokenizer([query] * len(documents), documents, padding=True, return_tensors="pt")
+    # The second segment's token types matter: without them the logits differ.
+    assert batch["token_type_ids"].any()
+
+    @torch.no_grad()
+    def scores(dtype: torch.dtype) -> torch.Tensor:
+        return torch.sigmoid(in_dtype(hf, dtype)(**batch).logits[:, 0].float())
+
+    tolerance = assert_close_in_dtype(got, scores, _dtype(llm), atol=1e-5)
     with torch.no_grad():
-        batch = tokenizer([query] * len(documents), documents, padding=True, return_tensors="pt")
-        # The second segment's token types matter: without them the logits differ.
-        assert batch["token_type_ids"].any()
-        logits = hf(**batch).logits[:, 0]
         untyped = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0]
-    torch.testing.assert_close(got, torch.sigmoid(logits), atol=1e-5, rtol=1e-4)
-    assert not torch.allclose(got, torch.sigmoid(untyped), atol=1e-4)
+    assert (got - torch.sigmoid(untyped)).abs().max() > 2 * tolerance
     with pytest.raises(ValueError, match="does not support 'embed'"):
         llm.embed(["hello"], use_tqdm=False)
 
@@ -144,9 +165,13 @@ def test_cross_encoder_classify_softmax(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     llm = LLM(str(tmp_path), **ENGINE_ARGS)
     got = torch.tensor([o.outputs.probs for o in llm.classify(SENTENCES, use_tqdm=False)])
-    with torch.no_grad():
-        logits = hf(**tokenizer(SENTENCES, padding=True, return_tensors="pt")).logits
-    torch.testing.assert_close(got, torch.softmax(logits, dim=-1), atol=1e-5, rtol=1e-4)
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+
+    @torch.no_grad()
+    def probs(dtype: torch.dtype) -> torch.Tensor:
+        return torch.softmax(in_dtype(hf, dtype)(**batch).logits.float(), dim=-1)
+
+    assert_close_in_dtype(got, probs, _dtype(llm), atol=1e-5)
 
 
 def _last_token_reference(hf: torch.nn.Module, prompts: list[list[int]]) -> torch.Tensor:
@@ -166,9 +191,12 @@ def test_qwen3_causal_lm_as_last_token_embedder(tmp_path: Path) -> None:
     hf = make_tiny_model("qwen3-qknorm", tmp_path)
     llm = LLM(str(tmp_path), runner="pooling", max_model_len=128, skip_tokenizer_init=True, **ENGINE_ARGS)
     got = _embeddings(llm, [{"prompt_token_ids": p} for p in PROMPTS])
-    reference = F.normalize(_last_token_reference(hf, PROMPTS), dim=-1)
-    assert torch.all(_cosine(got, reference) > 0.9999)
-    torch.testing.assert_close(got, reference, atol=1e-4, rtol=1e-4)
+
+    def reference(dtype: torch.dtype) -> torch.Tensor:
+        return F.normalize(_last_token_reference(in_dtype(hf, dtype), PROMPTS).float(), dim=-1)
+
+    assert torch.all(_cosine(got, reference(torch.float32)) > 0.9999)
+    assert_close_in_dtype(got, reference, _dtype(llm))
 
 
 def test_qwen3_model_checkpoint_convert_embed(tmp_path: Path) -> None:
