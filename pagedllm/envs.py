@@ -45,12 +45,18 @@ _VARS: list[EnvVar] = [
         "default $XDG_CACHE_HOME/pagedllm or ~/.cache/pagedllm.",
     ),
     EnvVar("XDG_CACHE_HOME", _str, "Base of the default cache root when PAGEDLLM_CACHE_ROOT is unset."),
-    EnvVar("PAGEDLLM_API_KEY", _str, "API key the server requires on /v1 routes when --api-key is not given."),
+    EnvVar(
+        "PAGEDLLM_API_KEY",
+        _str,
+        "API key the server requires on every route but /health, /version and /metrics when --api-key is "
+        "not given.",
+    ),
     EnvVar(
         "PAGEDLLM_SERVER_DEV_MODE",
         _flag,
         "Expose the server's development routes (/sleep, /wake_up, /is_sleeping, /collective_rpc, weight "
-        "updates, /reset_prefix_cache): never on a server reachable by untrusted clients.",
+        "updates, /reset_prefix_cache): never on a server reachable by untrusted clients (on a non-loopback "
+        "--host the server refuses to start without --allow-dev-mode-remote).",
     ),
     EnvVar(
         "PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING",

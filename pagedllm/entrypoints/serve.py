@@ -37,8 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     server.add_argument(
         "--api-key",
         default=None,
-        help="Require `Authorization: Bearer <key>` on every /v1 route (default: the PAGEDLLM_API_KEY "
-        "environment variable, else no key).",
+        help="Require `Authorization: Bearer <key>` on every route but /health, /version and /metrics "
+        "(default: the PAGEDLLM_API_KEY environment variable, else no key).",
     )
     server.add_argument(
         "--chat-template",
@@ -80,6 +80,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="NAME=PATH",
         help="LoRA adapters served under their own model names (needs --enable-lora): name=path, or "
         'JSON \'{"name": ..., "path": ..., "base_model_name": ...}\'.',
+    )
+    server.add_argument(
+        "--allow-dev-mode-remote",
+        action="store_true",
+        help="Let a server in dev mode (PAGEDLLM_SERVER_DEV_MODE=1: weight updates, worker calls, sleep) "
+        "listen on a --host other than loopback; without it such a server refuses to start.",
     )
     server.add_argument(
         "--uvicorn-log-level",

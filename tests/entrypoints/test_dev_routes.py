@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from serve_startup import refused_before_the_engine
 
 from pagedllm.engine.utility import EngineSleepingError
-from pagedllm.entrypoints.openai.dev_routes import register_operation_routes
+from pagedllm.entrypoints.openai.api_server import check_dev_mode_host
+from pagedllm.entrypoints.openai.dev_routes import RPC_METHODS, register_operation_routes
 from pagedllm.entrypoints.openai.errors import OpenAIError, error_response
+from pagedllm.entrypoints.openai.middleware import ApiKeyMiddleware
 
 ROUTES = [
     ("POST", "/sleep"),
@@ -37,7 +40,7 @@ class RecordingEngine:
 
     async def call_utility(self, method: str, *args: Any) -> Any:
         self.calls.append((method, *args))
-        if method == "collective_rpc" and args[0] == "fail":
+        if method == "collective_rpc" and args[1] == ["fail"]:
             raise ValueError("bad method")
         return ["trace.json"] if method == "stop_profile" else 3
 
@@ -85,7 +88,7 @@ def test_dev_routes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert client.post("/sleep", params={"level": 2}).status_code == 200
     assert client.post("/wake_up", params=[("tags", "weights"), ("tags", "kv_cache")]).status_code == 200
     assert client.get("/is_sleeping").json() == {"is_sleeping": False}
-    body = {"method": "echo", "args": [1], "kwargs": {"k": 2}, "timeout": 5}
+    body = {"method": "update_weights_from_disk", "args": [1], "kwargs": {"k": 2}, "timeout": 5}
     assert client.post("/collective_rpc", json=body).json() == {"results": 3}
     assert client.post("/update_weights_from_disk", json={"path": "/ckpt"}).json() == {"loaded": 3}
     assert client.post("/update_weights", json={"update_info": {"names": []}}).json() == {"loaded": 3}
@@ -95,7 +98,7 @@ def test_dev_routes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert engine.calls == [
         ("sleep", 2),
         ("wake_up", ["weights", "kv_cache"]),
-        ("collective_rpc", "echo", [1], {"k": 2}, 5.0),
+        ("collective_rpc", "update_weights_from_disk", [1], {"k": 2}, 5.0),
         ("update_weights_from_disk", "/ckpt"),
         ("update_weights", {"names": []}),
         ("init_weight_transfer_engine", {"master_port": 1}),
@@ -105,9 +108,68 @@ def test_dev_routes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_errors_in_openai_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     client, _ = _client(monkeypatch, "1", None)
-    response = client.post("/collective_rpc", json={"method": "fail"})
+    response = client.post("/collective_rpc", json={"method": "update_weights", "args": ["fail"]})
     assert response.status_code == 400
     assert response.json()["error"]["message"] == "bad method"
     response = client.post("/v1/completions")
     assert response.status_code == 503
     assert response.json()["error"]["type"] == "EngineSleepingError"
+
+
+def test_collective_rpc_takes_only_allowed_methods(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker methods outside `RPC_METHODS` (the step, start-up, shutdown, LoRA loading that skips its
+    route's checks) are a 400 naming `method`, and never reach the engine."""
+    client, engine = _client(monkeypatch, "1", None)
+    for method in ("execute_model", "shutdown", "load_model", "initialize_kv_cache", "add_lora", "__init__"):
+        response = client.post("/collective_rpc", json={"method": method, "args": []})
+        assert response.status_code == 400, method
+        assert response.json()["error"]["param"] == "method"
+        assert method in response.json()["error"]["message"]
+    assert engine.calls == []
+    for method in RPC_METHODS:
+        assert client.post("/collective_rpc", json={"method": method}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
+def test_dev_mode_refuses_a_remote_host(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    monkeypatch.setenv("PAGEDLLM_SERVER_DEV_MODE", "1")
+    with pytest.raises(ValueError, match=f"--host {host}.*--allow-dev-mode-remote"):
+        check_dev_mode_host(host, allow_remote=False)
+    check_dev_mode_host(host, allow_remote=True)
+    monkeypatch.setenv("PAGEDLLM_SERVER_DEV_MODE", "0")
+    check_dev_mode_host(host, allow_remote=False)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
+def test_dev_mode_on_loopback_starts(monkeypatch: pytest.MonkeyPatch, host: str) -> None:
+    monkeypatch.setenv("PAGEDLLM_SERVER_DEV_MODE", "1")
+    check_dev_mode_host(host, allow_remote=False)
+
+
+def test_serve_in_dev_mode_on_every_interface_fails_before_the_engine(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`pagedllm serve --host 0.0.0.0` in dev mode: status 2 with the reason, no engine created."""
+    monkeypatch.setenv("PAGEDLLM_SERVER_DEV_MODE", "1")
+    log = refused_before_the_engine(["--host", "0.0.0.0"], monkeypatch, caplog)
+    assert "reachable from other machines" in log and "--allow-dev-mode-remote" in log
+
+
+def _keyed_app() -> TestClient:
+    app = FastAPI()
+    for path in ("/health", "/version", "/metrics", "/pooling", "/score", "/rerank", "/v1/score", "/sleep"):
+        app.add_api_route(path, lambda: {"ok": True}, methods=["GET", "POST"])
+    app.add_middleware(ApiKeyMiddleware, api_key="k")
+    return TestClient(app)
+
+
+def test_api_key_covers_every_route_but_the_probes() -> None:
+    client = _keyed_app()
+    for path in ("/pooling", "/score", "/rerank", "/v1/score", "/sleep", "/docs", "/openapi.json", "/nothing"):
+        assert client.post(path).status_code == 401, path
+        assert client.post(path, headers={"Authorization": "Bearer wrong"}).status_code == 401, path
+    assert client.post("/pooling", headers={"Authorization": "Bearer k"}).status_code == 200
+    for path in ("/health", "/version", "/metrics"):
+        assert client.get(path).status_code == 200, path
+    # The probe paths are open exactly: nothing is reachable through them.
+    assert client.get("/health/../sleep").status_code == 401

@@ -23,6 +23,7 @@ from tiny_pooling_models import make_tiny_bert, make_tiny_cross_encoder  # noqa:
 pytestmark = pytest.mark.slow
 
 SENTENCES = ["the quick brown fox jumps over the lazy dog", "hello world", "a cat sat on the mat"]
+KEY = "pooling-key"
 POOLING_ARGS = ["--max-model-len", "128", "--max-num-seqs", "8", "--served-model-name", "tiny"]
 
 
@@ -150,16 +151,18 @@ def test_score_and_rerank_with_cross_encoder(cross_encoder: tuple[Path, torch.nn
     with torch.no_grad():
         batch = tokenizer([query] * 3, documents, padding=True, return_tensors="pt")
         expected = torch.sigmoid(hf(**batch).logits[:, 0]).numpy()
-    remote = RemoteServer(extra_args=["--model", str(path), *POOLING_ARGS])
+    remote = RemoteServer(extra_args=["--model", str(path), *POOLING_ARGS, "--api-key", KEY])
+    http = httpx.Client(base_url=remote.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     try:
+        # The pooling routes need the key as the /v1 ones do.
+        for route in ("/pooling", "/score", "/rerank", "/v1/score", "/v1/rerank"):
+            assert httpx.post(f"{remote.url}{route}", json={}).status_code == 401, route
         for route in ("/score", "/v1/score"):
-            body = httpx.post(f"{remote.url}{route}", json={"text_1": query, "text_2": documents}, timeout=60)
+            body = http.post(route, json={"text_1": query, "text_2": documents})
             assert body.status_code == 200, body.text
             np.testing.assert_allclose([d["score"] for d in body.json()["data"]], expected, atol=1e-5)
         for route in ("/rerank", "/v1/rerank"):
-            body = httpx.post(
-                f"{remote.url}{route}", json={"query": query, "documents": documents, "top_n": 2}, timeout=60
-            ).json()
+            body = http.post(route, json={"query": query, "documents": documents, "top_n": 2}).json()
             order = list(np.argsort(-expected)[:2])
             assert [r["index"] for r in body["results"]] == order
             assert [r["document"]["text"] for r in body["results"]] == [documents[i] for i in order]
@@ -167,9 +170,10 @@ def test_score_and_rerank_with_cross_encoder(cross_encoder: tuple[Path, torch.nn
                 [r["relevance_score"] for r in body["results"]], expected[order], atol=1e-5
             )
         # A cross-encoder has no embeddings; an unknown pairing is a 400 naming the field.
-        response = httpx.post(f"{remote.url}/v1/embeddings", json={"input": "hello"}, timeout=60)
+        response = http.post("/v1/embeddings", json={"input": "hello"})
         assert response.status_code == 400 and "Embeddings API" in response.json()["error"]["message"]
-        response = httpx.post(f"{remote.url}/score", json={"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
+        response = http.post("/score", json={"text_1": ["a", "b"], "text_2": ["c", "d", "e"]})
         assert response.status_code == 400 and response.json()["error"]["param"] == "text_2"
     finally:
+        http.close()
         remote.kill()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Annotated, Any
@@ -208,6 +210,26 @@ async def _respond(raw: Request, work: Awaitable[Any]) -> Any:
     return _streaming(result)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` resolves to is a loopback one (0.0.0.0 and :: are every interface)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def check_dev_mode_host(host: str, allow_remote: bool) -> None:
+    """Dev mode's routes change weights and call worker methods: refuse to serve them beyond this machine
+    unless the operator says so (ValueError)."""
+    if envs.PAGEDLLM_SERVER_DEV_MODE and not allow_remote and not is_loopback(host):
+        raise ValueError(
+            f"PAGEDLLM_SERVER_DEV_MODE=1 with --host {host}: the dev-mode routes (weight updates, worker "
+            "calls, sleep) would be reachable from other machines. Listen on 127.0.0.1, or pass "
+            "--allow-dev-mode-remote (and --api-key) to accept that."
+        )
+
+
 def served_names(model_served_name: str | list[str] | None, model: str) -> list[str]:
     names = model_served_name if model_served_name is not None else model
     return [names] if isinstance(names, str) else list(names)
@@ -259,6 +281,7 @@ async def run_server(
     api_key = args.api_key if args.api_key is not None else envs.PAGEDLLM_API_KEY
     chat_template = None
     try:
+        check_dev_mode_host(args.host, args.allow_dev_mode_remote)
         if args.chat_template is not None:
             chat_template = load_chat_template(args.chat_template)
         tool_calling = load_tool_calling_config(

@@ -3,7 +3,8 @@ VLLM_SERVER_DEV_MODE) sleep mode, weight updates and named worker calls.
 
 - `POST /start_profile`, `POST /stop_profile`: when `--profiler-config` names a profiler.
 - dev mode: `POST /sleep?level=1|2`, `POST /wake_up[?tags=weights&tags=kv_cache]`, `GET /is_sleeping`,
-  `POST /reset_prefix_cache`, `POST /collective_rpc` `{"method", "args", "kwargs", "timeout"}`,
+  `POST /reset_prefix_cache`, `POST /collective_rpc` `{"method", "args", "kwargs", "timeout"}` (a method
+  of `RPC_METHODS` only),
   `POST /init_weight_transfer_engine` `{"init_info"}`, `POST /update_weights` `{"update_info"}`,
   `POST /update_weights_from_disk` `{"path"}`.
 
@@ -27,6 +28,13 @@ from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.entrypoints.openai.errors import OpenAIError, error_response
 
 T = TypeVar("T")
+
+# The worker methods `/collective_rpc` may name: the weight operations, whose arguments the workers
+# check. The others (execute_model, load_model, initialize_kv_cache, shutdown, add_lora, ...) would
+# let a client break the engine or bypass the checks of their own routes.
+RPC_METHODS = frozenset(
+    {"init_weight_transfer_engine", "update_weights", "update_weights_from_disk", "list_loras"}
+)
 
 
 class _Body(BaseModel):
@@ -103,6 +111,12 @@ def _register_dev_routes(app: FastAPI, engine: AsyncLLM) -> None:
 
     @app.post("/collective_rpc")
     async def collective_rpc(request: CollectiveRpcRequest) -> JSONResponse:
+        if request.method not in RPC_METHODS:
+            raise OpenAIError(
+                f"method {request.method!r} cannot be called over HTTP; the allowed worker methods are "
+                f"{', '.join(sorted(RPC_METHODS))}",
+                param="method",
+            )
         results = await _call(
             engine.call_utility(
                 "collective_rpc", request.method, request.args, request.kwargs, request.timeout

@@ -13,13 +13,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, error_response
 
-# Routes that work on the model's vocabulary or run requests; /health, /version and /metrics stay open
-# for probes and scrapers.
-PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+# The only routes open without the key: probes and scrapers, which neither run requests nor change
+# state. Every other path needs it, including routes added later and paths that match no route.
+OPEN_PATHS = frozenset({"/health", "/version", "/metrics", "/ping", "/load"})
 
 
 class ApiKeyMiddleware:
-    """Every protected route needs ``Authorization: Bearer <key>``."""
+    """Every route but `OPEN_PATHS` needs ``Authorization: Bearer <key>``."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -28,7 +28,7 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
             scope["type"] == "http"
-            and scope["path"].startswith(PROTECTED_PREFIXES)
+            and scope["path"] not in OPEN_PATHS
             and scope["method"] != "OPTIONS"
         ):
             given = dict(scope["headers"]).get(b"authorization", b"")

@@ -6,21 +6,15 @@ is taken; bad input is a 400 naming the field; bad tool flags stop the server be
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from typing import Any
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from remote_server import MODEL_NAME, SERVER_ARGS, RemoteServer
-
-from pagedllm.config.args import EngineArgs
-from pagedllm.engine.async_llm import AsyncLLM
-from pagedllm.entrypoints import cli
-from pagedllm.entrypoints.openai.api_server import run_server
+from remote_server import MODEL_NAME, RemoteServer
+from serve_startup import refused_before_the_engine
 
 pytestmark = pytest.mark.slow
 
@@ -185,17 +179,6 @@ def test_bad_tool_input_is_400_naming_the_field(
 def test_bad_tool_flags_fail_before_loading_the_model(
     flags: list[str], message: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`pagedllm serve`'s own parser and start-up, in-process (an interpreter start-up per case cost
-    ~10 s): status 2 with the message, and the engine is never created. The real process's exit on such
-    a flag is test_server_lifecycle.py's bad --chat-template case (the same check, same return)."""
-    parser, _ = cli.build_parser("serve")
-    args = parser.parse_args(["serve", *SERVER_ARGS, *flags])
-    engine_config = EngineArgs.from_cli_args(args).create_engine_config()
-
-    def engine_created(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("the engine (and the model) was loaded")
-
-    monkeypatch.setattr(AsyncLLM, "create", engine_created)
-    with caplog.at_level(logging.ERROR):
-        assert asyncio.run(run_server(args, engine_config)) == 2
-    assert message in caplog.text
+    """Status 2 with the message, and the engine is never created. The real process's exit on such a flag
+    is test_server_lifecycle.py's bad --chat-template case (the same check, same return)."""
+    assert message in refused_before_the_engine(flags, monkeypatch, caplog)
