@@ -61,10 +61,13 @@ class KVEventsConfig:
     publisher: Literal["null", "zmq"] | None = None
     """Event publisher: "zmq" publishes, "null" drops the events. Unset: "zmq" when events are enabled,
     "null" otherwise."""
-    endpoint: str = "tcp://*:5557"
-    """ZMQ PUB endpoint of the events (a `*`, `::`, ipc:// or inproc:// address binds, others connect)."""
+    endpoint: str = "tcp://127.0.0.1:5557"
+    """ZMQ PUB endpoint of the events: an address of this machine (loopback by default; `*` for every
+    interface), ipc:// or inproc:// binds, another machine's address connects. The events carry the
+    token ids of cached prompts: whoever reaches a bound endpoint reads them."""
     replay_endpoint: str | None = None
-    """ZMQ ROUTER endpoint where subscribers ask for missed batches (from a sequence number on)."""
+    """ZMQ ROUTER endpoint where subscribers ask for missed batches (from a sequence number on; always
+    bound, e.g. tcp://127.0.0.1:5558); None: no replay."""
     buffer_steps: int = Field(default=10_000, ge=1)
     """How many of the latest event batches the replay endpoint keeps."""
     hwm: int = Field(default=100_000, ge=0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 from collections import deque
@@ -53,9 +54,23 @@ class EventPublisher:
 
 
 def _binds(endpoint: str) -> bool:
-    # As vLLM: a wildcard address or a local transport is ours to bind; anything else is a peer
-    # (e.g. a relay) to connect to.
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+    """Whether the publisher binds `endpoint` (a local transport, a wildcard, or an address of this
+    machine, the loopback default included) or connects to it (another machine's address: a relay or
+    a subscriber that binds)."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+    if host in ("*", "0.0.0.0", "::"):
+        return True
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind(address)  # only an address of this machine can be bound
+        return True
+    except OSError:
+        return False
 
 
 class ZmqEventPublisher(EventPublisher):

@@ -15,8 +15,10 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import traceback
 import weakref
@@ -126,14 +128,17 @@ class MultiprocExecutor(Executor):
             # The server imports the worker code once; each later world forks from it in milliseconds.
             ctx.set_forkserver_preload(["pagedllm.worker.worker", "transformers"])
         self.queue: MessageQueue | None = MessageQueue.create(self.world_size)
-        init_method = f"tcp://127.0.0.1:{free_tcp_port()}"
+        # The ranks meet through a file store in a private directory: a TCP store listens on every
+        # interface whatever address it is given, and all the ranks are on this machine.
+        self._rendezvous_dir = tempfile.mkdtemp(prefix="pagedllm-rendezvous-")
+        init_method = f"file://{os.path.join(self._rendezvous_dir, 'store')}"
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []
         # Steps submitted (`submit_step`) whose answers are still in the pipes, oldest first.
         self._unread_steps: deque[StepFuture] = deque()
         with _children_allowed():
             self._start_workers(ctx, init_method)
-        self._finalizer = weakref.finalize(self, _stop, self.procs, self.queue)
+        self._finalizer = weakref.finalize(self, _stop, self.procs, self.queue, self._rendezvous_dir)
         try:
             self._collect(range(self.world_size), timeout=None)
         except BaseException:
@@ -258,9 +263,10 @@ class MultiprocExecutor(Executor):
                 conn.close()
 
 
-def _stop(procs: list[BaseProcess], queue: MessageQueue) -> None:
+def _stop(procs: list[BaseProcess], queue: MessageQueue, rendezvous_dir: str) -> None:
     """Ask the workers to exit and wait for them (when all are alive: after a death the others may
-    be blocked in a collective with the dead one), then kill what is left; free the queue."""
+    be blocked in a collective with the dead one), then kill what is left; free the queue and the
+    rendezvous directory."""
     if all(p.is_alive() for p in procs):
         try:
             queue.enqueue((_SHUTDOWN, (), {}, None), alive=lambda: _raise_if_any_dead(procs))
@@ -274,6 +280,7 @@ def _stop(procs: list[BaseProcess], queue: MessageQueue) -> None:
             proc.kill()
         proc.join(1.0)
     queue.close()
+    shutil.rmtree(rendezvous_dir, ignore_errors=True)
 
 
 def _raise_if_any_dead(procs: list[BaseProcess]) -> None:

@@ -35,9 +35,10 @@ class Worker:
         distributed_init_method: str | None = None,
         cpu_threads: int | None = None,
     ) -> None:
-        """`distributed_init_method` (a `tcp://host:port` URL): where the ranks of a multi-worker
-        executor meet to form their process groups; None for the one-worker executor. `cpu_threads`:
-        torch's thread count on a CPU, when the executor decided it (see `init_device`)."""
+        """`distributed_init_method` (a torch init URL: `file://` on one machine, `tcp://host:port` or
+        `env://` across machines): where the ranks of a multi-worker executor meet to form their process
+        groups; None for the one-worker executor. `cpu_threads`: torch's thread count on a CPU, when the
+        executor decided it (see `init_device`)."""
         self.engine_config = engine_config
         self.rank = rank
         self.local_rank = local_rank

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from kv_event_subscriber import BlockRemoved, BlockStored, Subscriber
 
@@ -92,3 +95,68 @@ def test_each_data_parallel_rank_publishes_on_its_own_endpoint() -> None:
     assert offset_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
     assert offset_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
     assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _other_addresses() -> list[str]:
+    """This machine's non-loopback IPv4 addresses (where another host would reach it)."""
+    return [
+        a.address
+        for addresses in psutil.net_if_addrs().values()
+        for a in addresses
+        if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback
+    ]
+
+
+def _listening_on(port: int) -> list[str]:
+    """The addresses this process listens on at `port`."""
+    connections = psutil.Process().net_connections("inet")
+    return [c.laddr.ip for c in connections if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+
+
+def test_default_endpoint_is_bound_on_loopback_only() -> None:
+    """The events carry the token ids of cached prompts: by default only this machine reads them. A
+    SUB socket on the loopback address gets every batch; one on another address of the machine (what
+    another host reaches) gets nothing."""
+    default = KVEventsConfig()
+    assert default.endpoint == "tcp://127.0.0.1:5557" and default.replay_endpoint is None
+    # The default address on a free port (5557 may be taken on a shared machine).
+    endpoint = default.endpoint.replace(":5557", f":{_free_port()}")
+    publisher = make_event_publisher(KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint))
+    assert isinstance(publisher, ZmqEventPublisher)
+    port = int(endpoint.rsplit(":", 1)[1])
+    assert _listening_on(port) == ["127.0.0.1"]  # bound there, not connected
+    local = Subscriber(endpoint)
+    remote = [Subscriber(f"tcp://{address}:{port}") for address in _other_addresses()]
+    try:
+        time.sleep(0.3)  # a SUB socket only sees messages sent after it joined
+        for i in range(5):
+            publisher.publish_events(_events(i))
+        assert [seq for seq, _ in local.receive()] == list(range(5))
+        for sub in remote:
+            assert sub.receive(idle_timeout_s=0.5) == []
+    finally:
+        for sub in (local, *remote):
+            sub.close()
+        publisher.shutdown()
+
+
+def test_wildcard_and_local_addresses_bind_and_other_hosts_connect() -> None:
+    """Binding every interface stays the operator's explicit choice (`*`); an address of another machine
+    (a relay) is connected to."""
+    port = _free_port()
+    wildcard = ZmqEventPublisher(f"tcp://*:{port}")
+    try:
+        assert _listening_on(port) == ["0.0.0.0"]
+    finally:
+        wildcard.shutdown()
+    relay = ZmqEventPublisher(f"tcp://192.0.2.123:{port}")  # TEST-NET-1: never this machine
+    try:
+        assert _listening_on(port) == []  # connecting, nothing bound
+    finally:
+        relay.shutdown()

@@ -5,6 +5,7 @@ its rank, and leaves no process behind."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import sys
@@ -94,6 +95,11 @@ def test_matches_one_rank(models: dict[str, Path], model: str, tp: int, pp: int)
     )
     try:
         _assert_same(_generate(llm), want)
+        # The ranks met through a file store: no worker listens beyond this machine (a TCP store
+        # listened on every interface).
+        workers = [psutil.Process(p.pid) for p in llm.llm_engine.engine_core.core.model_executor.procs]  # type: ignore[attr-defined]
+        listening = [c.laddr for w in workers for c in w.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+        assert all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
     finally:
         llm.llm_engine.shutdown()
 
