@@ -18,7 +18,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import shutil
-import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -38,6 +37,7 @@ from pagedllm.engine.core_proc import (
 )
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.errors import RequestError
+from pagedllm.runtime_dir import make_runtime_dir
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
@@ -106,7 +106,7 @@ class AsyncMPClient:
     ) -> None:
         """``outputs``: a queue shared with other cores' clients (data parallelism), else its own;
         ``environ``: variables set in this core's process only."""
-        self._ipc_dir = tempfile.mkdtemp(prefix="pagedllm-")
+        self._ipc_dir = make_runtime_dir("ipc")
         input_addr = f"ipc://{os.path.join(self._ipc_dir, 'input')}"
         output_addr = f"ipc://{os.path.join(self._ipc_dir, 'output')}"
         self._ctx = zmq.asyncio.Context()

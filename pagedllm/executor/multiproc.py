@@ -18,7 +18,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 import traceback
 import weakref
@@ -32,6 +31,7 @@ from pagedllm import envs
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
 from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
+from pagedllm.runtime_dir import make_runtime_dir
 
 logger = logging.getLogger("pagedllm.executor")
 
@@ -130,7 +130,7 @@ class MultiprocExecutor(Executor):
         self.queue: MessageQueue | None = MessageQueue.create(self.world_size)
         # The ranks meet through a file store in a private directory: a TCP store listens on every
         # interface whatever address it is given, and all the ranks are on this machine.
-        self._rendezvous_dir = tempfile.mkdtemp(prefix="pagedllm-rendezvous-")
+        self._rendezvous_dir = make_runtime_dir("rendezvous")
         init_method = f"file://{os.path.join(self._rendezvous_dir, 'store')}"
         self.procs: list[BaseProcess] = []
         self.conns: list[Connection] = []

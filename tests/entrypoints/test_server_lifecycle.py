@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,8 @@ import psutil
 import pytest
 from remote_server import MODEL_NAME, SERVER_ARGS, RemoteServer, free_port
 from tiny_llm import make_tiny_llm
+
+from pagedllm.runtime_dir import remove_stale_runtime_dirs
 
 pytestmark = pytest.mark.slow
 
@@ -253,6 +256,11 @@ def test_no_orphans_when_stopped_while_starting_or_killed() -> None:
         server.proc.kill()
         server.proc.wait(10)
         assert server.leftover_children() == []
+        # Its socket directory stays behind; the next start (any new runtime directory) removes it.
+        left = list(Path(tempfile.gettempdir()).glob(f"pagedllm-{server.proc.pid}-ipc-*"))
+        assert left
+        remove_stale_runtime_dirs()
+        assert not any(path.exists() for path in left)
     finally:
         server.kill()
 
