@@ -412,7 +412,8 @@ class LlamaForCausalLM(nn.Module):
         self.model.set_aux_hidden_state_layers(layers)
 
     def decoder_layers(self) -> Sequence[nn.Module]:
-        return self.model.layers
+        # This pipeline stage's layers (the others are placeholders).
+        return self.model.layers[self.model.start_layer : self.model.end_layer]
 
     def native_decoder(self) -> NativeDecoder | None:
         # Imported here: the native module loads ctypes bindings only models that run natively need.

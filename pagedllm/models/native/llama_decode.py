@@ -126,9 +126,12 @@ def _projections(layer: nn.Module) -> tuple[LinearBase, LinearBase, LinearBase, 
 
 def _unsupported(model: nn.Module) -> str | None:
     """Why the native decode path cannot run `model` (a `LlamaForCausalLM`) as loaded, or None."""
-    if model.model.aux_hidden_state_layers:  # type: ignore[union-attr]
+    body = model.model
+    if not (body.is_first_stage and body.is_last_stage):  # type: ignore[union-attr]
+        return "the model is split into pipeline stages (the native call runs every layer, embedding to final norm)"
+    if body.aux_hidden_state_layers:  # type: ignore[union-attr]
         return "an EAGLE-3 head reads its intermediate hidden states, which the native call does not return"
-    layers = model.model.layers  # type: ignore[union-attr]
+    layers = body.layers  # type: ignore[union-attr]
     # Quantized projections hold integer (or no) parameters; every float one must be of one dtype.
     dtypes = {p.dtype for p in layers.parameters() if p.is_floating_point()}
     if (
