@@ -22,6 +22,8 @@ from pagedllm.structured_output.params import StructuredOutputsParams
 
 # Temperatures below this mean greedy sampling (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
+# OpenAI's range of a logit bias (`clamp_logit_bias`).
+LOGIT_BIAS_LIMIT = 100.0
 
 # Engine defaults of the fields a generation config may override.
 _OVERRIDABLE_DEFAULTS: dict[str, Any] = {
@@ -378,6 +380,19 @@ class SamplingParams(msgspec.Struct, omit_defaults=True):
             if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
                 sequences.append(spaced)
         self.bad_words_token_ids = sequences
+
+
+def clamp_logit_bias(logit_bias: dict[Any, Any] | None) -> dict[Any, Any] | None:
+    """Each finite bias within OpenAI's [-100, 100], as vLLM's server does for requests (beyond it a bias
+    only saturates the distribution further); anything else is left for validation to refuse."""
+    if logit_bias is None or not isinstance(logit_bias, dict):
+        return logit_bias
+
+    def clamp(bias: Any) -> Any:
+        finite = isinstance(bias, int | float) and not isinstance(bias, bool) and math.isfinite(bias)
+        return min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, bias)) if finite else bias
+
+    return {token: clamp(bias) for token, bias in logit_bias.items()}
 
 
 def _check_number(name: str, value: Any) -> float:

@@ -12,6 +12,7 @@ resumes on them). While the engine sleeps it refuses new requests (`EngineSleepi
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,12 +24,24 @@ from pagedllm.engine.utility import (
     check_utility_method,
 )
 from pagedllm.worker.sleep import check_sleep_level, check_wake_tags
+from pagedllm.worker.worker import Worker
 
 if TYPE_CHECKING:
     from pagedllm.core.scheduler import Scheduler
     from pagedllm.executor import Executor
 
 logger = logging.getLogger("pagedllm.engine")
+
+
+def check_arguments(
+    function: Callable[..., Any], name: str, args: Sequence[Any], kwargs: dict[str, Any] | None
+) -> None:
+    """ValueError naming ``name`` unless ``function`` takes these arguments (a caller's mistake, not a
+    failure of the engine)."""
+    try:
+        inspect.signature(function).bind(*args, **(kwargs or {}))
+    except TypeError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 class EngineCoreOps:
@@ -44,7 +57,9 @@ class EngineCoreOps:
         self, method: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
         """Run the utility `method` (one of `UTILITY_METHODS`) with its arguments."""
-        return getattr(self, check_utility_method(method))(*args, **(kwargs or {}))
+        call = getattr(self, check_utility_method(method))
+        check_arguments(call, method, args, kwargs)
+        return call(*args, **(kwargs or {}))
 
     def _require_idle(self, what: str, held_ok: bool = False) -> None:
         """Raise unless no request is unfinished (`held_ok`: none is running, and the scheduler holds
@@ -109,6 +124,12 @@ class EngineCoreOps:
         """Call a worker method by name (or, in-process, a function of the worker) on every worker."""
         if not callable(method):
             method = check_rpc_method(method)
+            # Checked here against the worker class: in a worker process the mismatch would come back
+            # as that worker's failure (a server error) rather than the caller's.
+            worker_method = getattr(Worker, method, None)
+            if not callable(worker_method):
+                raise ValueError(f"collective_rpc: the worker has no method {method!r}")
+            check_arguments(worker_method, f"collective_rpc {method!r}", (None, *args), kwargs)
         return self.model_executor.collective_rpc(method, tuple(args), kwargs, timeout)
 
     def start_profile(self) -> None:

@@ -58,6 +58,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="Largest `n` (choices per prompt) a request may ask for; more is a 400.",
     )
     server.add_argument(
+        "--request-limit",
+        nargs="+",
+        default=None,
+        metavar="NAME=N",
+        help="Raise (or lower) a bound on a request field's size, e.g. `messages=4096`; the names and "
+        "defaults are listed in the README (prompt, messages, tools, tool_bytes, stop, stop_chars, "
+        "stop_token_ids, logit_bias, allowed_token_ids, bad_words, input).",
+    )
+    server.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help='Let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser.',

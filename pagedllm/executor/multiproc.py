@@ -92,6 +92,9 @@ def worker_main(
             try:
                 result = run_worker_method(worker, method, args, kwargs)
                 conn.send(("ok", result if reply_rank in (None, rank) else None))
+            except ValueError as e:
+                # The caller's mistake (a malformed adapter, a bad argument): it stays a ValueError.
+                conn.send(("invalid", str(e)))
             except Exception:
                 conn.send(("error", traceback.format_exc()))
     finally:
@@ -173,6 +176,7 @@ class MultiprocExecutor(Executor):
         pending = {self.conns[r]: r for r in ranks}
         results: dict[int, Any] = {}
         errors: list[str] = []
+        invalid: list[str] = []
         deadline = None if timeout is None else time.monotonic() + timeout
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
@@ -194,12 +198,16 @@ class MultiprocExecutor(Executor):
                     raise WorkerDiedError(f"worker rank {rank} (pid {self.procs[rank].pid}) closed its pipe") from None
                 if status == "ok":
                     results[rank] = value
+                elif status == "invalid":
+                    invalid.append(value)
                 else:
                     errors.append(f"worker rank {rank} failed:\n{value}")
             if any(s in ready for s in sentinels):
                 self._check_alive()
         if errors:
             raise RuntimeError("\n".join(errors))
+        if invalid:  # every rank refuses the same arguments
+            raise ValueError(invalid[0])
         return [results[r] for r in ranks]
 
     def _broadcast(self, message: tuple[Any, ...]) -> None:

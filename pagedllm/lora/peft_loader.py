@@ -2,10 +2,12 @@
 
 What it accepts: LoRA weights on the attention and MLP projections (q/k/v/o, gate/up/down, and the fused
 qkv_proj / gate_up_proj some checkpoints use), any rank (checked against `max_lora_rank` by the
-caller), `lora_alpha` with `alpha_pattern`/`rank_pattern` overrides, and rsLoRA scaling. What PEFT can
-save but is not served is refused by name: trained embeddings or LM head (`modules_to_save`, LoRA on
-the embeddings, an extended vocabulary), trained biases, DoRA. The scaling is folded into B here, so
-the layers only ever compute `x @ A^T @ B^T`.
+caller), `lora_alpha` with `alpha_pattern`/`rank_pattern` overrides (keyed by module names), and rsLoRA
+scaling. What PEFT can save but is not served is refused by name: trained embeddings or LM head
+(`modules_to_save`, LoRA on the embeddings, an extended vocabulary), trained biases, DoRA. A malformed
+adapter (unreadable files, wrong types, non-finite weights) is a `LoRAAdapterError` naming the file and
+the field or tensor, never another exception. The scaling is folded into B here, so the layers only ever
+compute `x @ A^T @ B^T`.
 """
 
 from __future__ import annotations
@@ -64,12 +66,37 @@ class LoRAAdapter:
         return sum(w.a.nbytes + w.b.nbytes for w in self.modules.values())
 
 
-def _pattern_value(patterns: dict[str, Any], module: str, default: Any) -> Any:
-    """PEFT's per-module override: the first key matching the end of the module name."""
+# What a module name (or a dotted suffix of one) is made of. PEFT compiles every alpha_pattern /
+# rank_pattern key as a regular expression, `(.*\.)?(key)$`; a crafted key backtracks for hours (Python's
+# `re` has no time bound), so keys are matched literally, which is PEFT's meaning for a module name.
+_MODULE_NAME = re.compile(r"[\w.]+")
+
+
+def _pattern_value(path: Path, field: str, patterns: dict[str, Any], module: str, default: Any) -> Any:
+    """PEFT's per-module override: the first key naming the module or a dotted suffix of its name."""
     for key, value in patterns.items():
-        if re.match(rf"(.*\.)?{key}$", module):
+        if _MODULE_NAME.fullmatch(key) is None:
+            raise LoRAAdapterError(
+                f"LoRA adapter {str(path)!r}: {field} key {key[:80]!r} is a regular expression; pagedllm "
+                "matches module names only (such as 'down_proj' or 'model.layers.3.mlp.down_proj')"
+            )
+        if module == key or module.endswith(f".{key}"):
             return value
     return default
+
+
+def _config_value(
+    path: Path, config: dict[str, Any], key: str, default: Any, kind: type | tuple[type, ...]
+) -> Any:
+    value = config.get(key, default)
+    if value is None:
+        return default
+    # bool is an int to isinstance: a flag is no number, and a number no flag.
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise LoRAAdapterError(
+            f"LoRA adapter {str(path)!r}: adapter_config.json {key}={value!r} has the wrong type"
+        )
+    return value
 
 
 def read_adapter_config(path: Path) -> dict[str, Any]:
@@ -78,7 +105,12 @@ def read_adapter_config(path: Path) -> dict[str, Any]:
     config_file = path / "adapter_config.json"
     if not config_file.is_file():
         raise LoRAAdapterError(f"LoRA adapter {str(path)!r} has no adapter_config.json")
-    config = json.loads(config_file.read_text())
+    try:
+        config = json.loads(config_file.read_text())
+    except (ValueError, OSError) as e:  # not UTF-8, not JSON, unreadable
+        raise LoRAAdapterError(f"LoRA adapter {str(config_file)!r} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise LoRAAdapterError(f"LoRA adapter {str(config_file)!r} is not a JSON object")
     peft_type = str(config.get("peft_type", "LORA")).upper()
     if peft_type != "LORA":
         raise LoRAAdapterError(f"LoRA adapter {str(path)!r}: peft_type {peft_type!r} is not LORA")
@@ -106,12 +138,32 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     for name in _WEIGHT_FILES:
         file = path / name
         if file.is_file():
-            if file.suffix == ".safetensors":
-                from safetensors.torch import load_file
+            try:
+                if file.suffix == ".safetensors":
+                    from safetensors.torch import load_file
 
-                return load_file(str(file))
-            return torch.load(file, map_location="cpu", weights_only=True)
+                    tensors = load_file(str(file))
+                else:
+                    tensors = torch.load(file, map_location="cpu", weights_only=True)
+            except Exception as e:  # truncated, corrupted or not a weights file at all: the file is at fault
+                raise LoRAAdapterError(f"LoRA adapter weights {str(file)!r} cannot be read: {e}") from None
+            if not isinstance(tensors, dict) or not all(
+                isinstance(t, torch.Tensor) for t in tensors.values()
+            ):
+                raise LoRAAdapterError(f"LoRA adapter weights {str(file)!r} are not a dict of tensors")
+            return tensors
     raise LoRAAdapterError(f"LoRA adapter {str(path)!r} has none of {', '.join(_WEIGHT_FILES)}")
+
+
+def _check_tensor(path: Path, key: str, tensor: torch.Tensor) -> None:
+    if tensor.dim() != 2 or tensor.numel() == 0:
+        raise LoRAAdapterError(
+            f"LoRA adapter {str(path)!r}: {key} has shape {tuple(tensor.shape)}, not a non-empty matrix"
+        )
+    if not tensor.is_floating_point():
+        raise LoRAAdapterError(f"LoRA adapter {str(path)!r}: {key} holds {tensor.dtype}, not floating point")
+    if not bool(torch.isfinite(tensor).all()):
+        raise LoRAAdapterError(f"LoRA adapter {str(path)!r}: {key} holds NaN or infinite values")
 
 
 def load_peft_adapter(path: str | Path, dtype: torch.dtype = torch.float32) -> LoRAAdapter:
@@ -127,9 +179,12 @@ def load_peft_adapter(path: str | Path, dtype: torch.dtype = torch.float32) -> L
                 f"LoRA adapter {str(path)!r}: weight {key!r} is not a LoRA A/B matrix of a projection "
                 "(embeddings, LM head and biases are not supported)"
             )
+        _check_tensor(path, key, tensor)
         pairs.setdefault(match["module"], {})[match["ab"]] = tensor
-    alpha, use_rslora = config.get("lora_alpha", 8), bool(config.get("use_rslora", False))
-    alpha_pattern, rank_pattern = config.get("alpha_pattern") or {}, config.get("rank_pattern") or {}
+    alpha = config.get("lora_alpha", 8)
+    use_rslora = _config_value(path, config, "use_rslora", False, bool)
+    alpha_pattern = _config_value(path, config, "alpha_pattern", {}, dict)
+    rank_pattern = _config_value(path, config, "rank_pattern", {}, dict)
     modules: dict[str, LoRAModuleWeights] = {}
     for module, ab in pairs.items():
         leaf = module.rsplit(".", 1)[-1]
@@ -142,18 +197,26 @@ def load_peft_adapter(path: str | Path, dtype: torch.dtype = torch.float32) -> L
             raise LoRAAdapterError(f"LoRA adapter {str(path)!r}: {module} lacks lora_{'AB'[('A' in ab)]}")
         a, b = ab["A"], ab["B"]
         rank = int(a.shape[0])
-        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank:
+        if b.shape[1] != rank:
             raise LoRAAdapterError(
                 f"LoRA adapter {str(path)!r}: {module} has lora_A {tuple(a.shape)} and "
                 f"lora_B {tuple(b.shape)}, "
                 "not [r, in] and [out, r]"
             )
-        declared = _pattern_value(rank_pattern, module, config.get("r", rank))
+        declared = _pattern_value(path, "rank_pattern", rank_pattern, module, config.get("r", rank))
         if declared != rank:
             raise LoRAAdapterError(
                 f"LoRA adapter {str(path)!r}: {module} has rank {rank} but the config says r={declared}"
             )
-        module_alpha = _pattern_value(alpha_pattern, module, alpha)
+        module_alpha = _pattern_value(path, "alpha_pattern", alpha_pattern, module, alpha)
+        if (
+            isinstance(module_alpha, bool)
+            or not isinstance(module_alpha, int | float)
+            or not math.isfinite(module_alpha)
+        ):
+            raise LoRAAdapterError(
+                f"LoRA adapter {str(path)!r}: {module} has lora_alpha {module_alpha!r}, not a number"
+            )
         scaling = module_alpha / (math.sqrt(rank) if use_rslora else rank)
         modules[module] = LoRAModuleWeights(
             a=a.to(dtype).contiguous(), b=(b.to(torch.float32) * scaling).to(dtype).contiguous()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -10,6 +12,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -34,6 +38,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def on_one_connection(
+    url: str, requests: list[tuple[str, str, Any]], headers: dict[str, str] | None = None
+) -> list[tuple[int, Any]]:
+    """Send ``(method, path, JSON body or None)`` requests one after the other over one keep-alive HTTP/1.1
+    connection, and return each status with its JSON body (None if not JSON). http.client never
+    reconnects by itself: a connection the server closed after an answer fails the next request."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+    results: list[tuple[int, Any]] = []
+    try:
+        for method, path, body in requests:
+            data = None if body is None else json.dumps(body)
+            conn.request(
+                method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})}
+            )
+            response = conn.getresponse()
+            raw = response.read()
+            try:
+                results.append((response.status, json.loads(raw)))
+            except ValueError:
+                results.append((response.status, None))
+    finally:
+        conn.close()
+    return results
 
 
 class RemoteServer:

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 from hostile_payloads import pickled_ipc_handles
-from remote_server import RemoteServer
+from remote_server import RemoteServer, on_one_connection
 from safetensors.torch import load_file
 from tiny_llm import hf_greedy
 from transformers import AutoTokenizer
@@ -109,6 +109,21 @@ def test_bad_operation_arguments_are_400(dev_server: RemoteServer) -> None:
         assert "update_weights_from_disk" in response.json()["error"]["message"]  # the allowed ones
     response = _post(f"{url}/update_weights", json={"update_info": {"names": ["x"]}})
     assert response.status_code == 400
+    # Arguments a worker method does not take, or no such method: the caller's mistake, answered on the
+    # same keep-alive connection (these were 500s, each closing it).
+    answers = on_one_connection(
+        url,
+        [
+            ("POST", "/collective_rpc", {"method": "list_loras", "args": [1, 2]}),
+            ("POST", "/collective_rpc", {"method": "update_weights_from_disk", "kwargs": {"paths": "x"}}),
+            ("POST", "/collective_rpc", {"method": "no_such_method"}),
+            ("GET", "/is_sleeping", None),
+        ],
+        headers=AUTH,
+    )
+    assert [status for status, _ in answers] == [400, 400, 400, 200], answers
+    assert "'list_loras'" in answers[0][1]["error"]["message"]
+    assert "no_such_method" in answers[2][1]["error"]["message"]
 
 
 def test_update_weights_from_disk_and_collective_rpc(

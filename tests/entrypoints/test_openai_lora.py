@@ -1,11 +1,13 @@
 """LoRA adapters through a real server and the official openai client: static (--lora-modules, both
 forms) and runtime-loaded adapters selected by `model`, their completions equal to HF PEFT's in one
-mixed batch with the base model, /v1/models with `parent`, clear 400/404 errors, an in-use adapter not
-unloaded under its running request, and the vllm:lora_requests_info gauge."""
+mixed batch with the base model, /v1/models with `parent`, clear 400/404 errors (malformed adapters
+included, on a connection that stays open), an in-use adapter not unloaded under its running request, and
+the vllm:lora_requests_info gauge."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 from collections.abc import Iterator
@@ -15,10 +17,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
 from peft_adapters import AdapterSpec, make_adapter, make_adapters, peft_greedy, peft_model  # noqa: E402
-from remote_server import RemoteServer  # noqa: E402
+from remote_server import RemoteServer, on_one_connection  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -153,3 +157,36 @@ def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, fi
     with pytest.raises(openai.NotFoundError):
         _complete(client, "all4")
     assert {m.id for m in client.models.list().data} == {BASE, "qv8", "mlp16"}
+
+
+def test_malformed_adapters_are_400_naming_the_file(
+    server: RemoteServer, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each a 400 naming the file and what is wrong (they were 500s, and each 500 closed the client's
+    keep-alive connection); an all-NaN adapter is refused naming the tensor."""
+    nan, truncated, config = (tmp_path / name for name in ("nan", "truncated", "config"))
+    for path in (nan, truncated, config):
+        shutil.copytree(files["qv8"], path)
+    tensors = load_file(str(nan / "adapter_model.safetensors"))
+    key = sorted(tensors)[0]
+    save_file(
+        {**tensors, key: torch.full_like(tensors[key], float("nan"))}, str(nan / "adapter_model.safetensors")
+    )
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    (config / "adapter_config.json").write_text("{")
+    # (adapter directory, what the error names, what it says)
+    cases = [
+        (nan, str(nan), f"{key} holds NaN"),
+        (truncated, str(weights), "cannot be read"),
+        (config, str(config / "adapter_config.json"), "not valid JSON"),
+    ]
+    requests = [
+        ("POST", "/v1/load_lora_adapter", {"lora_name": path.name, "lora_path": str(path)})
+        for path, _, _ in cases
+    ]
+    answers = on_one_connection(server.url, [*requests, ("GET", "/v1/models", None)])
+    for (status, body), (_, named, words) in zip(answers, cases):
+        assert status == 400 and body["error"]["param"] == "lora_path", body
+        assert named in body["error"]["message"] and words in body["error"]["message"], body
+    assert answers[-1][0] == 200 and {m["id"] for m in answers[-1][1]["data"]} == {BASE, "qv8", "mlp16"}

@@ -110,6 +110,10 @@ def test_pooling_and_score_on_embedding_model(embed_server: RemoteServer, refere
     ).json()
     expected = _cosines(reference[1:], reference[0:1])
     np.testing.assert_allclose([d["score"] for d in score["data"]], expected, atol=1e-5)
+    too_many = httpx.post(
+        f"{embed_server.url}/score", json={"text_1": "a", "text_2": ["b"] * 2049}, timeout=60
+    )
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "text_2"
 
 
 @pytest.mark.parametrize(
@@ -121,6 +125,7 @@ def test_pooling_and_score_on_embedding_model(embed_server: RemoteServer, refere
         ({"input": "hello", "encoding_format": "hex"}, "encoding_format"),
         ({"input": " ".join(["hello"] * 200)}, "input"),
         ({"input": "hello", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+        ({"input": ["hello"] * 2049}, "input"),
     ],
 )
 def test_embeddings_bad_input_400(embed_server: RemoteServer, body: dict, param: str) -> None:

@@ -1,10 +1,12 @@
 """The server against hostile or unusual clients: fields it does not implement, huge bodies, large n, lone
-surrogates, an unauthenticated /tokenize, a shutdown timeout expiring mid-stream; and vLLM's metric names.
+surrogates, request fields over their size limits, an unauthenticated /tokenize, a shutdown timeout
+expiring mid-stream; and vLLM's metric names.
 
-One server for the module, with an API key, a small body limit and a small n cap."""
+One server for the module, with an API key, a small body limit, a small n cap and a lowered message limit."""
 
 from __future__ import annotations
 
+import random
 import re
 import signal
 import threading
@@ -22,6 +24,7 @@ KEY = "hardening-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 BODY_LIMIT = 4 * 1024 * 1024
 MAX_N = 8
+MAX_MESSAGES = 8
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 COMPLETION = {"prompt": "Hi", "max_tokens": 2}
 
@@ -31,7 +34,7 @@ def server() -> Iterator[RemoteServer]:
     remote = RemoteServer(
         extra_args=[
             "--api-key", KEY, "--max-request-body-bytes", str(BODY_LIMIT), "--max-n-sequences", str(MAX_N),
-            "--shutdown-timeout", "1",
+            "--shutdown-timeout", "1", "--request-limit", f"messages={MAX_MESSAGES}",
         ]
     )  # fmt: skip
     try:
@@ -115,10 +118,15 @@ def test_tokenization_needs_the_api_key(server: RemoteServer) -> None:
     assert httpx.get(f"{server.url}/metrics").status_code == 200
 
 
-def test_huge_tokenize_does_not_stall_health(server: RemoteServer, http: httpx.Client) -> None:
-    # Just under the body limit; several seconds of tokenizer work (on the event loop before, /health
-    # waited for all of it).
-    text = "hello world, lorem ipsum dolor. " * (BODY_LIMIT // 40)
+def test_tokenize_is_bounded_and_does_not_stall_health(server: RemoteServer, http: httpx.Client) -> None:
+    # A text longer than any prompt the context could hold is refused before tokenizing (it built a
+    # multi-million-token answer before).
+    message = _error(http.post("/tokenize", json={"prompt": "hello " * 500_000}), 400, "prompt")
+    bound = int(re.search(r"more than the (\d+) that could fit", message).group(1))  # type: ignore[union-attr]
+    # Just within the bound, in CJK characters that tokenize byte by byte: a few hundred thousand tokens
+    # and seconds of tokenizer work, off the event loop (/health waited for all of it before).
+    rng = random.Random(0)
+    text = "".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(bound))
     result: dict[str, object] = {}
 
     def tokenize() -> None:
@@ -132,7 +140,7 @@ def test_huge_tokenize_does_not_stall_health(server: RemoteServer, http: httpx.C
         start = time.monotonic()
         assert httpx.get(f"{server.url}/health", timeout=60).status_code == 200
         latencies.append(time.monotonic() - start)
-        time.sleep(0.1)
+        time.sleep(0.05)
     thread.join()
     assert isinstance(result["count"], int) and result["count"] > 100_000
     # Probes kept running while the tokenizer worked (blocked, the loop answered one probe after it all),
@@ -145,6 +153,41 @@ def test_huge_tokenize_does_not_stall_health(server: RemoteServer, http: httpx.C
 def test_prompt_longer_than_any_context_is_refused_before_tokenizing(http: httpx.Client) -> None:
     message = _error(http.post("/v1/completions", json={"prompt": "x " * 1_000_000}), 400, "prompt")
     assert "characters" in message and "512" in message
+
+
+# ------------------------------------------------------------------------------------------- field sizes
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+OVER_LIMITS = [
+    ("/v1/completions", {**COMPLETION, "stop": ["s"] * 65}, "stop"),
+    ("/v1/completions", {**COMPLETION, "stop": "x" * 1025}, "stop"),
+    ("/v1/completions", {"prompt": ["Hi"] * 2049, "max_tokens": 1}, "prompt"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+    ("/v1/completions", {**COMPLETION, "allowed_token_ids": list(range(1025))}, "allowed_token_ids"),
+    ("/v1/completions", {**COMPLETION, "stop_token_ids": list(range(129))}, "stop_token_ids"),
+    ("/v1/completions", {**COMPLETION, "bad_words": ["w"] * 129}, "bad_words"),
+    ("/v1/completions", {**COMPLETION, "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 10**9}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {**CHAT, "messages": CHAT["messages"] * (MAX_MESSAGES + 1)}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "tools": [TOOL] * 129, "tool_choice": "none"}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "stream": "yes"}, "stream"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param"), OVER_LIMITS)
+def test_fields_over_their_size_limit_are_400(
+    http: httpx.Client, route: str, body: dict[str, object], param: str
+) -> None:
+    _error(http.post(route, json=body), 400, param)
+
+
+def test_request_limit_flag_sets_the_bound(http: httpx.Client) -> None:
+    message = _error(
+        http.post("/v1/chat/completions", json={**CHAT, "messages": CHAT["messages"] * 9}), 400, "messages"
+    )
+    assert "9 messages" in message and f"limit of {MAX_MESSAGES}" in message
+    at_limit = {**CHAT, "messages": CHAT["messages"] * MAX_MESSAGES}
+    assert http.post("/v1/chat/completions", json=at_limit).status_code == 200
 
 
 # --------------------------------------------------------------------------------------- lone surrogates

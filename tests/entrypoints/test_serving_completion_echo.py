@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pagedllm.entrypoints.openai.protocol import CompletionRequest
+from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
@@ -69,7 +70,7 @@ def output(completions: list[CompletionOutput], prompt_rows: PromptLogprobs | No
 
 def run_stream(request: CompletionRequest, outputs: list[RequestOutput]) -> list[dict[str, Any]]:
     """The stream's choices, one per SSE chunk."""
-    serving = OpenAIServingCompletion(FakeEngine(), None, None, max_n=1)  # type: ignore[arg-type]
+    serving = OpenAIServingCompletion(FakeEngine(), None, None, RequestLimits(n=1))  # type: ignore[arg-type]
 
     async def collect() -> list[str]:
         stream = ScriptedStream(outputs)
@@ -82,7 +83,7 @@ def run_stream(request: CompletionRequest, outputs: list[RequestOutput]) -> list
 
 
 def run_full(request: CompletionRequest, final: RequestOutput) -> list[dict[str, Any]]:
-    serving = OpenAIServingCompletion(FakeEngine(), None, None, max_n=1)  # type: ignore[arg-type]
+    serving = OpenAIServingCompletion(FakeEngine(), None, None, RequestLimits(n=1))  # type: ignore[arg-type]
     response = asyncio.run(serving._full(request, "cmpl", "m", [ScriptedStream([final])]))  # type: ignore[list-item]
     return [choice.model_dump() for choice in response.choices]
 

@@ -37,13 +37,18 @@ from pagedllm.entrypoints.openai.errors import (
     http_error_response,
     validation_error,
 )
-from pagedllm.entrypoints.openai.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware
+from pagedllm.entrypoints.openai.middleware import (
+    ApiKeyMiddleware,
+    BodySizeLimitMiddleware,
+    InternalErrorMiddleware,
+)
 from pagedllm.entrypoints.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeCompletionRequest,
 )
 from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, TokenizeChatRequest
+from pagedllm.entrypoints.openai.request_limits import RequestLimits, parse_request_limits
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_lora import LoRARegistry, add_lora_routes, parse_lora_module
@@ -97,7 +102,7 @@ def build_app(
     api_key: str | None,
     chat_template: str | None,
     max_request_body_bytes: int,
-    max_n: int,
+    limits: RequestLimits,
     tool_calling: ToolCallingConfig | None = None,
 ) -> FastAPI:
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
@@ -107,10 +112,10 @@ def build_app(
         served_model_names, str(engine.model_config.model), engine.max_model_len, lora
     )
     prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
-    completions = OpenAIServingCompletion(engine, models, prompts, max_n)
-    chat = OpenAIServingChat(engine, models, prompts, chat_template, max_n, tool_calling)
+    completions = OpenAIServingCompletion(engine, models, prompts, limits)
+    chat = OpenAIServingChat(engine, models, prompts, chat_template, limits, tool_calling)
     tokenization = OpenAIServingTokenization(engine, models, prompts, chat_template)
-    pooling = OpenAIServingPooling(engine, models, prompts)
+    pooling = OpenAIServingPooling(engine, models, prompts, limits)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
@@ -124,18 +129,14 @@ def build_app(
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return http_error_response(exc)
 
-    @app.exception_handler(Exception)
-    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
-        # Starlette logs the traceback after this; the client gets the error in OpenAI's shape.
-        message = f"Internal server error: {type(exc).__name__}: {exc}"
-        return error_response(OpenAIError(message, HTTPStatus.INTERNAL_SERVER_ERROR))
-
     @app.exception_handler(EngineDeadError)
     async def _engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return error_response(
             OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE, err_type="EngineDeadError")
         )
 
+    # Added first, so it runs innermost: around the routes and their exception handlers only.
+    app.add_middleware(InternalErrorMiddleware)
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     # Added last, so it runs first: an oversized body is refused before anything reads it.
@@ -186,7 +187,9 @@ def build_app(
             request = schema.model_validate(body)
         except ValidationError as e:
             raise validation_error(e) from e
-        return JSONResponse((await tokenization.tokenize(request)).model_dump())
+        response = await tokenization.tokenize(request)
+        # Serialized off the event loop too: a long prompt's answer lists every token.
+        return Response(await asyncio.to_thread(response.model_dump_json), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
@@ -287,6 +290,7 @@ async def run_server(
         tool_calling = load_tool_calling_config(
             args.enable_auto_tool_choice, args.tool_call_parser, args.tool_parser_plugin
         )
+        limits = RequestLimits(args.max_n_sequences, parse_request_limits(args.request_limit))
         lora_modules = [parse_lora_module(m) for m in args.lora_modules or ()]
         if lora_modules and engine_config.lora_config is None:
             raise ValueError("--lora-modules needs --enable-lora")
@@ -310,7 +314,7 @@ async def run_server(
             api_key or None,
             chat_template,
             max_request_body_bytes=args.max_request_body_bytes,
-            max_n=args.max_n_sequences,
+            limits=limits,
             tool_calling=tool_calling,
         )
         for module in lora_modules:

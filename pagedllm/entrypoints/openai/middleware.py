@@ -1,4 +1,5 @@
-"""ASGI middleware of the server: the API key and the request body size limit.
+"""ASGI middleware of the server: the API key, the request body size limit, and 500s that keep the
+connection.
 
 Plain ASGI rather than FastAPI's ``@app.middleware``: that one wraps responses and would get in the way of
 streaming and of detecting client disconnects.
@@ -6,12 +7,15 @@ streaming and of detecting client disconnects.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from http import HTTPStatus
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pagedllm.entrypoints.openai.errors import OpenAIError, error_response
+
+logger = logging.getLogger("pagedllm.entrypoints.openai")
 
 # The only routes open without the key: probes and scrapers, which neither run requests nor change
 # state. Every other path needs it, including routes added later and paths that match no route.
@@ -97,3 +101,35 @@ class BodySizeLimitMiddleware:
                 raise
         if too_large and not started:
             await error_response(self._error(), headers={"Connection": "close"})(scope, receive, send)
+
+
+class InternalErrorMiddleware:
+    """An exception no handler took becomes a 500 in OpenAI's shape, and the keep-alive connection stays
+    open. (Starlette's handler for `Exception` answers too, but re-raises the exception to the server,
+    and uvicorn then closes the connection: every client request on it after a 500 failed.) Only a
+    response already under way is left to the server to cut off: it cannot be completed."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:
+                raise
+            logger.exception("Internal error answering %s %s", scope["method"], scope["path"])
+            error = OpenAIError(
+                f"Internal server error: {type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR
+            )
+            await error_response(error)(scope, receive, send)

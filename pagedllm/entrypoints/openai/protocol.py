@@ -7,10 +7,10 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from pagedllm.errors import RequestError
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import RequestOutputKind, SamplingParams, clamp_logit_bias
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 
@@ -128,7 +128,8 @@ class SamplingFields(OpenAIBaseModel):
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    # A JSON boolean: pydantic's lax mode would read "yes", "off" or 1 as one.
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -235,7 +236,7 @@ class SamplingFields(OpenAIBaseModel):
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
-            logit_bias=self.logit_bias,  # type: ignore[arg-type]  # string keys are converted
+            logit_bias=clamp_logit_bias(self.logit_bias),  # string keys are converted
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words,
             structured_outputs=self._structured_outputs_params(),

@@ -28,6 +28,7 @@ from pagedllm.entrypoints.openai.protocol_chat import (
     ChatCompletionStreamResponse,
     DeltaMessage,
 )
+from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.entrypoints.openai.serving_completion import token_text
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_reasoning import ReasoningSplitter
@@ -169,7 +170,7 @@ class OpenAIServingChat:
         models: OpenAIServingModels,
         prompts: PromptTokenizer,
         chat_template: str | None,
-        max_n: int,
+        limits: RequestLimits,
         tool_calling: ToolCallingConfig | None = None,
     ) -> None:
         self.engine = engine
@@ -177,11 +178,13 @@ class OpenAIServingChat:
         self.models = models
         self.prompts = prompts
         self.chat_template = chat_template
-        self.max_n = max_n
+        self.limits = limits
         self.reasoning = ReasoningSplitter(engine.engine_config, engine.tokenizer)
 
     def _check_supported(self, request: ChatCompletionRequest) -> None:
-        check_supported_fields(request, self.max_n, CHAT_UNSUPPORTED_FIELDS)
+        check_supported_fields(request, self.limits, CHAT_UNSUPPORTED_FIELDS)
+        self.limits.check_count("messages", request.messages)
+        self.limits.check_tools(request.tools)
         check_tool_request(request, self.tool_calling)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true", param="top_logprobs")

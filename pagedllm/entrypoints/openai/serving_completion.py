@@ -19,6 +19,7 @@ from pagedllm.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
+from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
@@ -93,19 +94,22 @@ class OpenAIServingCompletion:
         engine: AsyncLLM,
         models: OpenAIServingModels,
         prompts: PromptTokenizer,
-        max_n: int,
+        limits: RequestLimits,
     ) -> None:
         self.engine = engine
         self.models = models
         self.prompts = prompts
-        self.max_n = max_n
+        self.limits = limits
 
     def _check_supported(self, request: CompletionRequest) -> None:
         if request.suffix is not None:
             raise OpenAIError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise OpenAIError("best_of is not supported (only best_of equal to n)", param="best_of")
-        check_supported_fields(request, self.max_n)
+        check_supported_fields(request, self.limits)
+        # One list of token ids is one prompt (bounded by the context); any other list holds prompts.
+        if isinstance(request.prompt, list) and request.prompt and not isinstance(request.prompt[0], int):
+            self.limits.check_count("prompt", request.prompt)
         check_stream_options(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))

@@ -36,6 +36,7 @@ from pagedllm.entrypoints.openai.protocol_pooling import (
     ScoreRequest,
     ScoreResponse,
 )
+from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     PromptTokenizer,
@@ -64,16 +65,22 @@ def encode_vector(values: Sequence[float], encoding_format: str) -> list[float] 
 
 
 class OpenAIServingPooling:
-    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptTokenizer) -> None:
+    def __init__(
+        self, engine: AsyncLLM, models: OpenAIServingModels, prompts: PromptTokenizer, limits: RequestLimits
+    ) -> None:
         self.engine = engine
         self.models = models
         self.prompts = prompts
+        self.limits = limits
         config = engine.model_config.pooler_config
         self.tasks: tuple[str, ...] = tuple(config["tasks"]) if config is not None else ()
 
     # ------------------------------------------------------------------------------------ inputs
     async def _input_prompts(self, request: EmbeddingRequest) -> list[TokensPrompt]:
         value = request.input
+        # One list of token ids is one input (bounded by the context); any other list holds inputs.
+        if isinstance(value, list) and value and not isinstance(value[0], int):
+            self.limits.check_count("input", value)
         if isinstance(value, str):
             texts: list[str] | None = [value]
         elif value and all(isinstance(v, str) for v in value):
@@ -188,6 +195,9 @@ class OpenAIServingPooling:
     async def score(self, request: ScoreRequest) -> ScoreResponse:
         model = self.models.check_model(request.model)
         check_pooling_fields(request)
+        for name in ("text_1", "text_2"):
+            texts = getattr(request, name)
+            self.limits.check_count(name, texts if isinstance(texts, list) else None, "input")
         try:
             pairs = pair_texts(request.text_1, request.text_2)
         except ValueError as e:
@@ -204,6 +214,7 @@ class OpenAIServingPooling:
         check_pooling_fields(request)
         if not request.documents:
             raise OpenAIError("documents must not be empty", param="documents")
+        self.limits.check_count("documents", request.documents, "input")
         scores, tokens = await self._scores([(request.query, d) for d in request.documents], request.priority)
         order = sorted(range(len(scores)), key=lambda i: scores[i], reverse=True)
         if request.top_n:

@@ -33,7 +33,8 @@ class OpenAIServingTokenization:
 
     async def tokenize(self, request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         self.models.check_model(request.model)
-        # /tokenize counts prompts of any length (no context bound), still off the event loop.
+        # Off the event loop, and bounded as prompts are: /tokenize of a text that cannot fit the context
+        # would only build a huge answer.
         if isinstance(request, TokenizeChatRequest):
             text = await asyncio.to_thread(
                 render_chat_prompt,
@@ -44,11 +45,9 @@ class OpenAIServingTokenization:
                 request.continue_final_message,
                 request.chat_template_kwargs,
             )
-            tokens = await self.prompts.encode(text, request.add_special_tokens, "messages", bounded=False)
+            tokens = await self.prompts.encode(text, request.add_special_tokens, "messages")
         else:
-            tokens = await self.prompts.encode(
-                request.prompt, request.add_special_tokens, "prompt", bounded=False
-            )
+            tokens = await self.prompts.encode(request.prompt, request.add_special_tokens, "prompt")
         return TokenizeResponse(count=len(tokens), max_model_len=self.engine.max_model_len, tokens=tokens)
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:

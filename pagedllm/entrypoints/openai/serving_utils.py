@@ -15,6 +15,7 @@ from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse, SamplingFields
+from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
@@ -47,10 +48,8 @@ class PromptTokenizer:
         longest = max((len(piece) for piece in tokenizer.get_vocab()), default=1)
         self.max_chars = (max_model_len + 1) * longest * self._NORMALIZATION_SLACK
 
-    async def encode(
-        self, text: str, add_special_tokens: bool, param: str, bounded: bool = True
-    ) -> list[int]:
-        if bounded and len(text) > self.max_chars:
+    async def encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        if len(text) > self.max_chars:
             raise OpenAIError(
                 f"The prompt has {len(text)} characters, more than the {self.max_chars} that could fit in "
                 f"the maximum model length of {self.max_model_len} tokens",
@@ -61,16 +60,18 @@ class PromptTokenizer:
 
 
 def check_supported_fields(
-    request: SamplingFields, max_n: int, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS
+    request: SamplingFields, limits: RequestLimits, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS
 ) -> None:
-    """400 for a vLLM field pagedllm does not implement, and for ``n`` above the server's cap."""
+    """400 for a vLLM field pagedllm does not implement, for ``n`` above the server's cap and for a
+    sampling field over its size limit."""
     unsupported = request.unsupported_fields(table)
     if unsupported:
         name = unsupported[0]
         raise OpenAIError(f"{name} is not supported yet", param=name)
     # Each choice is a sequence in the engine: one request must not be able to fill the batch alone.
-    if request.n > max_n:
-        raise OpenAIError(f"n={request.n} is more than this server's --max-n-sequences={max_n}", param="n")
+    if request.n > limits.n:
+        raise OpenAIError(f"n={request.n} is more than this server's --max-n-sequences={limits.n}", param="n")
+    limits.check_sampling(request)
 
 
 def request_error(error: ValueError, prompt_param: str, constraint_param: str | None = None) -> OpenAIError:
