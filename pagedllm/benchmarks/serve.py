@@ -144,6 +144,8 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, float]
         "duration_s": duration,
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
+        # As the server counted them (its usage), as vLLM's bench serve reports them.
+        "total_input_tokens": sum(r.prompt_tokens for r in ok),
         "total_output_tokens": out_tokens,
     }
     ttft = [r.ttft for r in ok]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 
 from pagedllm.benchmarks.datasets import (
     SampleRequest,
@@ -21,13 +22,22 @@ from pagedllm.benchmarks.serve import (
     summarize,
 )
 
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+# Random token ids are drawn below this where no tokenizer is at hand (Llama 2's vocabulary: most
+# models' are larger).
+DEFAULT_VOCAB_SIZE = 32000
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("serve", help="Online benchmark against an OpenAI-compatible server.")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000", help="Server root URL.")
     parser.add_argument("--model", required=True, help="Model name the server serves.")
     parser.add_argument(
-        "--endpoint", default="/v1/chat/completions", choices=["/v1/chat/completions", "/v1/completions"]
+        "--endpoint",
+        default=None,
+        choices=[COMPLETIONS, CHAT],
+        help=f"Default: {COMPLETIONS} for the random dataset, {CHAT} for the chat datasets (whose "
+        "messages the completions endpoint gets as one prompt, their contents joined by newlines).",
     )
     parser.add_argument(
         "--dataset",
@@ -39,7 +49,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--input-len", default="128", help="Random prompt length: N or LOW..HIGH.")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument(
-        "--vocab-size", type=int, default=32000, help="Random token ids are drawn below this."
+        "--tokenizer",
+        default=None,
+        help="Tokenizer (a directory or a .gguf file) whose vocabulary random prompts are drawn from, "
+        "its special tokens left out (default: --model where that is a path, as the server names a "
+        "model served from a path).",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"Random token ids are drawn below this (default: the tokenizer's vocabulary, else "
+        f"{DEFAULT_VOCAB_SIZE}).",
     )
     parser.add_argument(
         "--request-rate",
@@ -59,10 +80,33 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _endpoint(args: argparse.Namespace) -> str:
+    if args.endpoint is None:
+        return COMPLETIONS if args.dataset == "random" else CHAT
+    if args.endpoint == CHAT and args.dataset == "random":
+        raise ValueError(
+            f"--dataset random sends token-id prompts, which {CHAT} does not take: use --endpoint "
+            f"{COMPLETIONS} or a chat dataset (--dataset grounded|chat|FILE.jsonl)"
+        )
+    return str(args.endpoint)
+
+
+def _vocabulary(args: argparse.Namespace) -> tuple[int, tuple[int, ...]]:
+    """The random prompts' vocabulary size and the special token ids left out of them."""
+    source = args.tokenizer or (args.model if Path(args.model).exists() else None)
+    if source is None:
+        return args.vocab_size or DEFAULT_VOCAB_SIZE, ()
+    from pagedllm.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(source)
+    return args.vocab_size or len(tokenizer), tuple(tokenizer.all_special_ids)
+
+
 def _requests(args: argparse.Namespace) -> list[SampleRequest]:
     if args.dataset == "random":
+        vocab_size, special_ids = _vocabulary(args)
         return random_requests(
-            args.num_prompts, parse_range(args.input_len), args.output_len, args.vocab_size
+            args.num_prompts, parse_range(args.input_len), args.output_len, vocab_size, special_ids=special_ids
         )
     if args.dataset == "grounded":
         return grounded_requests(args.num_prompts, args.output_len)
@@ -78,7 +122,7 @@ def _bench(args: argparse.Namespace, base_url: str) -> tuple[dict[str, float], l
             base_url,
             args.model,
             _requests(args),
-            endpoint=args.endpoint,
+            endpoint=_endpoint(args),
             request_rate=args.request_rate,
             max_concurrency=args.max_concurrency,
             api_key=args.api_key,
@@ -97,6 +141,7 @@ def _bench(args: argparse.Namespace, base_url: str) -> tuple[dict[str, float], l
 
 
 def run(args: argparse.Namespace) -> int:
+    _endpoint(args)  # a dataset the endpoint cannot take fails before any request
     report: dict[str, object] = {}
     errors: list[str] = []
     if args.baseline_url:

@@ -1,17 +1,26 @@
-"""`bench serve` against a minimal OpenAI-compatible server that is not pagedllm."""
+"""`bench serve` against a minimal OpenAI-compatible server that is not pagedllm, and its default
+invocation against a tiny-model pagedllm server."""
 
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
+import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pagedllm.benchmarks.datasets import SampleRequest
 from pagedllm.benchmarks.serve import run_serve_benchmark, summarize
+from pagedllm.entrypoints.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "entrypoints"))
+from remote_server import RemoteServer  # noqa: E402
 
 
 def _fake_server() -> FastAPI:
@@ -68,9 +77,42 @@ def test_serve_benchmark_against_foreign_server():
         summary = summarize(results, duration)
         assert summary["completed"] == 6 and summary["failed"] == 0
         assert summary["total_output_tokens"] == sum(5 + i for i in range(6))
+        assert summary["total_input_tokens"] == 3 * 6
         assert summary["p50_ttft_ms"] <= summary["p99_ttft_ms"]
 
         bad, _ = asyncio.run(run_serve_benchmark(f"http://127.0.0.1:{port}", "other", reqs[:1]))
         assert not bad[0].ok and "HTTP 404" in bad[0].error
     finally:
         server.should_exit = True
+
+
+@pytest.mark.slow
+def test_default_invocation_against_a_tiny_model_server(tmp_path: Path) -> None:
+    """`bench serve --model M` and nothing else (but the server's port): random token-id prompts go to
+    the completions endpoint, drawn from the served model's own vocabulary (M is its path)."""
+    from tiny_llm import make_tiny_llm
+
+    model = make_tiny_llm(tmp_path / "tiny")
+    server = RemoteServer(extra_args=["--model", str(model)])
+    try:
+        out = tmp_path / "serve.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "pagedllm.entrypoints.cli", "bench", "serve", "--base-url", server.url]
+            + ["--model", str(model), "--output-json", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        report = json.loads(out.read_text())
+        # The defaults: 32 prompts of 128 tokens, up to 128 tokens each, every one served.
+        assert report["completed"] == 32 and report["failed"] == 0
+        assert report["total_input_tokens"] == 32 * 128
+        assert 32 <= report["total_output_tokens"] <= 32 * 128
+    finally:
+        server.kill()
+
+
+def test_random_prompts_to_the_chat_endpoint_are_refused_before_any_request() -> None:
+    with pytest.raises(ValueError, match="--dataset random sends token-id prompts"):
+        main(["bench", "serve", "--base-url", "http://127.0.0.1:9", "--model", "m", "--endpoint", "/v1/chat/completions"])
