@@ -7,7 +7,14 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel, SamplingFields, UsageInfo, make_tool_call_id
 from pagedllm.sampling_params import SamplingParams
@@ -81,6 +88,15 @@ class ChatCompletionRequest(SamplingFields):
     # False drops the reasoning of a --reasoning-parser model from the response (the content stays).
     include_reasoning: bool = True
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_tools(cls, choice: Any, info: ValidationInfo) -> Any:
+        # vLLM's check and message; "none" needs no tools. `tools` is declared first, so it is in
+        # info.data when it validated (when it did not, its own error comes first).
+        if choice not in (None, "none") and "tools" in info.data and info.data["tools"] is None:
+            raise ValueError("When using `tool_choice`, `tools` must be set.")
+        return choice
+
     def forces_tool_call(self) -> bool:
         """Named and "required" tool choices: the output is constrained to tool calls by a JSON schema."""
         return bool(self.tools) and (
@@ -151,14 +167,24 @@ class ChatCompletionResponse(OpenAIBaseModel):
     usage: UsageInfo
 
 
-class DeltaFunctionCall(OpenAIBaseModel):
+class OmitsNoneFields(OpenAIBaseModel):
+    """A streamed delta: OpenAI leaves out the fields a chunk does not carry instead of sending them as
+    null (clients join deltas with `arguments += fragment`, which a null breaks)."""
+
+    @model_serializer(mode="wrap")
+    def _omit_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class DeltaFunctionCall(OmitsNoneFields):
     name: str | None = None
     arguments: str | None = None
 
 
-class DeltaToolCall(OpenAIBaseModel):
-    """One piece of a streamed tool call: the first carries id, type and name, the next ones fragments of
-    the arguments, all tied together by index."""
+class DeltaToolCall(OmitsNoneFields):
+    """One piece of a streamed tool call, at most one per call index in a chunk: the first carries id,
+    type, name and the arguments so far (a string, "" when none yet), the next ones fragments of the
+    arguments, all tied together by index."""
 
     index: int
     id: str | None = None
@@ -166,7 +192,7 @@ class DeltaToolCall(OpenAIBaseModel):
     function: DeltaFunctionCall
 
 
-class DeltaMessage(ReasoningFields):
+class DeltaMessage(ReasoningFields, OmitsNoneFields):
     role: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None

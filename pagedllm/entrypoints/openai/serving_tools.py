@@ -30,12 +30,7 @@ from pagedllm.entrypoints.openai.tool_parsers import (
     ToolParser,
     ToolParserManager,
 )
-from pagedllm.entrypoints.openai.tool_parsers.json_calls import (
-    is_valid_call_list,
-    read_call_list,
-    skip_ws,
-    value_end,
-)
+from pagedllm.entrypoints.openai.tool_parsers.json_calls import call_list_so_far, skip_ws, value_end
 from pagedllm.sampling_params import SamplingParams
 from pagedllm.structured_output.params import StructuredOutputsParams
 
@@ -65,8 +60,8 @@ def load_tool_calling_config(
 
 
 def effective_tool_choice(request: ChatCompletionRequest) -> str | ChatCompletionNamedToolChoiceParam:
-    """tool_choice with OpenAI's defaults: "auto" when tools are given, else "none"; "required" with an
-    empty tool list means "none"."""
+    """tool_choice with OpenAI's defaults: "auto" when tools are given, else "none" (an empty tool list
+    gives "none"; `check_tool_request` refuses it with "required")."""
     if not request.tools or request.tool_choice is None:
         return "auto" if request.tools else "none"
     return request.tool_choice
@@ -75,8 +70,9 @@ def effective_tool_choice(request: ChatCompletionRequest) -> str | ChatCompletio
 def check_tool_request(request: ChatCompletionRequest, config: ToolCallingConfig) -> None:
     """400 naming the field for a tool_choice the request or the server cannot honour."""
     choice = request.tool_choice
-    if request.tools is None and choice not in (None, "none"):
-        raise OpenAIError("When using `tool_choice`, `tools` must be set.", param="tool_choice")
+    if choice == "required" and not request.tools:
+        # OpenAI refuses an empty tool list; with "required" it would ask for a call that cannot exist.
+        raise OpenAIError('tool_choice "required" needs at least one tool in `tools`', param="tools")
     if isinstance(choice, ChatCompletionNamedToolChoiceParam) and _named_tool(request) is None:
         raise OpenAIError(
             f"The tool {choice.function.name!r} specified in `tool_choice` does not match any of the "
@@ -114,7 +110,8 @@ def tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
         return tool.function.parameters or _NO_PARAMETERS
     if choice != "required":
         return None
-    return {
+    definitions: dict[str, Any] = {}
+    schema: dict[str, Any] = {
         "type": "array",
         "minItems": 1,
         "items": {
@@ -123,14 +120,70 @@ def tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
                 {
                     "properties": {
                         "name": {"type": "string", "enum": [t.function.name]},
-                        "parameters": t.function.parameters or _NO_PARAMETERS,
+                        "parameters": _hoisted(
+                            t.function.parameters or _NO_PARAMETERS,
+                            f"#/items/anyOf/{i}/properties/parameters",
+                            f"tool{i}",
+                            definitions,
+                        ),
                     },
                     "required": ["name", "parameters"],
                 }
-                for t in request.tools or ()
+                for i, t in enumerate(request.tools or ())
             ],
         },
     }
+    if definitions:
+        schema["$defs"] = definitions
+    return schema
+
+
+_DEFINITION_KEYS = ("$defs", "definitions")
+
+
+def _pointer_token(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _hoisted(
+    parameters: dict[str, Any], location: str, prefix: str, definitions: dict[str, Any]
+) -> dict[str, Any]:
+    """A tool's parameters schema moved to ``location`` inside the "required" schema. Its local ``$ref``s
+    point at its own root (``#/$defs/Inner``, as every pydantic model with a nested model writes them),
+    which is no longer the document's root: its definitions move into the root's ``definitions`` (as
+    ``prefix.Name``) and every local reference is rewritten to where its target now is."""
+    local = [
+        (key, name, definition)
+        for key in _DEFINITION_KEYS
+        if isinstance(parameters.get(key), dict)
+        for name, definition in parameters[key].items()
+    ]
+    moved = {
+        f"#/{key}/{_pointer_token(name)}": f"#/$defs/{_pointer_token(f'{prefix}.{name}')}"
+        for key, name, _ in local
+    }
+
+    def target(ref: str) -> str:
+        if not ref.startswith("#"):
+            return ref
+        for old, new in moved.items():
+            if ref == old or ref.startswith(old + "/"):
+                return new + ref[len(old) :]
+        return location + ref[1:]
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        return {
+            key: target(value) if key == "$ref" and isinstance(value, str) else rewrite(value)
+            for key, value in node.items()
+        }
+
+    for _, name, definition in local:
+        definitions[f"{prefix}.{name}"] = rewrite(definition)
+    return rewrite({key: value for key, value in parameters.items() if key not in _DEFINITION_KEYS})
 
 
 def apply_tool_choice(
@@ -140,7 +193,9 @@ def apply_tool_choice(
     tokens when the parser's markers are special tokens of this tokenizer."""
     schema = tool_schema(request)
     if schema is not None:
-        params.structured_outputs = StructuredOutputsParams(json=schema)
+        # No free whitespace: JSON's optional whitespace lets a small model wander in it (a stream that
+        # sends nothing for minutes while the `[{"name": ` prefix waits for the name), as in vLLM.
+        params.structured_outputs = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
     elif effective_tool_choice(request) == "auto" and request.tools and config.tool_parser is not None:
         if config.tool_parser(tokenizer).keeps_special_tokens():
             params.skip_special_tokens = False
@@ -165,13 +220,9 @@ class RequiredToolParser(ToolParser):
     """The output of tool_choice "required": a JSON array of ``{"name", "parameters"}`` objects."""
 
     def parse(self, text: str, final: bool) -> ParsedText:
-        start = skip_ws(text, 0)
-        if start >= len(text) or text[start] != "[":
-            return ParsedText(text if final else "")
-        calls, end = read_call_list(text, start, ("parameters",))
-        if final and (end is None or not is_valid_call_list(text[start:end], ("parameters",), len(calls))):
-            return ParsedText(text)  # cut short (max_tokens): no calls to give
-        return ParsedText("", calls)
+        calls = call_list_so_far(text, skip_ws(text, 0), ("parameters",), final)
+        # None: cut short (max_tokens), no calls to give.
+        return ParsedText(text) if calls is None else ParsedText("", calls)
 
 
 class ChoiceToolCalls:
@@ -213,5 +264,7 @@ def choice_tool_calls(
     if choice == "required":
         return ChoiceToolCalls(RequiredToolParser(tokenizer), False, parallel)
     if choice == "auto" and request.tools and config.tool_parser is not None:
-        return ChoiceToolCalls(config.tool_parser(tokenizer), False, parallel)
+        parser = config.tool_parser(tokenizer)
+        parser.tools = request.tools
+        return ChoiceToolCalls(parser, False, parallel)
     return None

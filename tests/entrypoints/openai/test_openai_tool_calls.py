@@ -95,6 +95,36 @@ def test_streamed_tool_calls_validate(client: openai.OpenAI, tool_choice: Any, f
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
 
 
+NESTED: dict[str, Any] = {
+    "$defs": {
+        "Place": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "country": {"enum": ["FR", "NO"]}},
+            "required": ["city", "country"],
+        }
+    },
+    "type": "object",
+    "properties": {
+        "places": {"type": "array", "items": {"$ref": "#/$defs/Place"}, "minItems": 1, "maxItems": 2}
+    },
+    "required": ["places"],
+}
+
+
+def test_required_tool_with_nested_definitions(client: openai.OpenAI) -> None:
+    """Parameters with `$defs`/`$ref` (a pydantic model with a nested model) under tool_choice
+    "required": the output is held to them."""
+    tools: Any = [{"type": "function", "function": {"name": "visit", "parameters": NESTED}}, TOOLS[1]]
+    response = client.chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, tools=tools, tool_choice="required", max_tokens=120, seed=4
+    )
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message
+    for call in choice.message.tool_calls or ():
+        schema = NESTED if call.function.name == "visit" else TIME
+        jsonschema.validate(json.loads(call.function.arguments), schema)
+
+
 def test_auto_without_a_tool_call_is_plain_content(client: openai.OpenAI) -> None:
     greeting = [{"role": "user", "content": "Say hello."}]
     fields: Any = {"model": MODEL_NAME, "messages": greeting, "temperature": 0.0, "max_tokens": 12}
@@ -143,6 +173,7 @@ def test_conversation_with_tool_calls_and_results(client: openai.OpenAI) -> None
             "nope",
         ),
         ({"tool_choice": "required"}, "tool_choice", "`tools` must be set"),
+        ({"tools": [], "tool_choice": "required"}, "tools", "at least one tool"),
         ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "tool_choice"),
         ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools", "tools"),
         (

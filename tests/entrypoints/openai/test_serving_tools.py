@@ -4,18 +4,23 @@ of forced tool choices, and the reading of fixed outputs into messages and strea
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
 import pytest
+from pydantic import BaseModel, ValidationError
+from tiny_llm import build_tokenizer
 
 from pagedllm.config.features import ReasoningConfig
-from pagedllm.entrypoints.openai.errors import OpenAIError
+from pagedllm.config.structured_outputs import StructuredOutputsConfig
+from pagedllm.entrypoints.openai.errors import OpenAIError, validation_error
 from pagedllm.entrypoints.openai.protocol_chat import (
     ChatCompletionRequest,
     ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
     DeltaMessage,
 )
 from pagedllm.entrypoints.openai.serving_chat import _stream_tool_calls
@@ -28,8 +33,12 @@ from pagedllm.entrypoints.openai.serving_tools import (
     load_tool_calling_config,
     tool_schema,
 )
+from pagedllm.entrypoints.openai.serving_utils import sse
 from pagedllm.entrypoints.openai.tool_parsers import ToolParserManager
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output.backends import resolve_backend
+from pagedllm.structured_output.bitmask import forbidden_tokens
+from pagedllm.structured_output.manager import StructuredOutputManager
 
 WEATHER = {
     "type": "object",
@@ -58,8 +67,6 @@ def _named(name: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("fields", "config", "words"),
     [
-        ({"tool_choice": "required"}, AUTO, "`tools` must be set"),
-        ({"tool_choice": _named("get_weather")}, AUTO, "`tools` must be set"),
         ({"tools": TOOLS, "tool_choice": _named("nope")}, AUTO, "'nope' specified in `tool_choice`"),
         ({"tools": TOOLS}, ToolCallingConfig(), "requires --enable-auto-tool-choice"),
         ({"tools": TOOLS, "tool_choice": "auto"}, ToolCallingConfig(True, None), "--tool-call-parser"),
@@ -87,7 +94,6 @@ def test_a_forced_tool_choice_cannot_take_another_constraint() -> None:
     [
         {},
         {"tools": TOOLS, "tool_choice": "none"},
-        {"tools": [], "tool_choice": "required"},  # OpenAI: like "none"
         {"tools": TOOLS, "tool_choice": "required"},
         {"tools": TOOLS, "tool_choice": _named("get_time")},
     ],
@@ -273,3 +279,197 @@ def test_reasoning_is_split_off_before_the_tool_parser_reads_the_stream() -> Non
     assert streamed_reasoning == message.reasoning_content == "Which tool? The weather one."
     assert (streamed_content or None) == content == "Checking.\n"
     assert names == [c.function.name for c in calls] == ["get_weather", "get_time"]
+
+
+@pytest.mark.parametrize("choice", ["required", "auto", _named("get_weather")])
+def test_tool_choice_without_tools_is_refused_at_validation(choice: Any) -> None:
+    """vLLM's message, from the request model itself (a 400 naming tool_choice over HTTP)."""
+    with pytest.raises(ValidationError) as e:
+        _request(tool_choice=choice)
+    error = validation_error(e.value)
+    assert error.param == "tool_choice"
+    assert "When using `tool_choice`, `tools` must be set." in error.message
+    _request(tool_choice="none")  # needs no tools
+
+
+def test_required_with_an_empty_tool_list_is_refused() -> None:
+    with pytest.raises(OpenAIError, match='"required" needs at least one tool') as e:
+        check_tool_request(_request(tools=[], tool_choice="required"), AUTO)
+    assert e.value.param == "tools"
+
+
+def _sent_chunks(request: ChatCompletionRequest, output: str, size: int, finish: str = "stop") -> list[Any]:
+    """The JSON of each chunk the stream sends for `output`, arriving `size` characters at a time."""
+    config = ToolCallingConfig(True, ToolParserManager.get_tool_parser(PARSER_OF.get(output, "hermes")))
+    stream = choice_tool_calls(request, config, None)
+    pieces = [output[i : i + size] for i in range(0, len(output), size)]
+    sent = []
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        choice = ChatCompletionStreamChoice(
+            index=0, delta=DeltaMessage(content=piece), finish_reason=finish if last else None
+        )
+        if _stream_tool_calls(stream, choice):
+            chunk = ChatCompletionStreamResponse(id="chatcmpl-1", model="m", choices=[choice])
+            sent.append(json.loads(sse(chunk).removeprefix("data: ")))
+    return sent
+
+
+PYTHONIC_OUTPUT = '[get_weather(city="Paris", days=2), get_time()]'
+PARSER_OF = {PYTHONIC_OUTPUT: "pythonic"}
+REQUIRED_OUTPUT = '[{"name": "get_weather", "parameters": {"city": "Lyon", "days": 4}}, {"name": "get_time", "parameters": {}}]'
+
+
+def _has_null(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(v is None or _has_null(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_null(v) for v in value)
+    return False
+
+
+@pytest.mark.parametrize("size", [1, 3, 10_000])
+@pytest.mark.parametrize(
+    ("fields", "output"),
+    [
+        ({"tools": TOOLS}, HERMES_OUTPUT),
+        ({"tools": TOOLS}, PYTHONIC_OUTPUT),
+        ({"tools": TOOLS, "tool_choice": "required"}, REQUIRED_OUTPUT),
+        ({"tools": TOOLS, "tool_choice": _named("get_weather")}, '{"city": "Nice", "days": 5}'),
+    ],
+)
+def test_streamed_tool_call_entries_have_openais_shape(
+    fields: dict[str, Any], output: str, size: int
+) -> None:
+    """Per chunk at most one entry per call index; a call's first entry carries id, type, name and the
+    arguments as a string; the later ones only argument fragments; no field is sent as null (clients do
+    `arguments += delta.function.arguments`)."""
+    seen: set[int] = set()
+    arguments: dict[int, str] = {}
+    for chunk in _sent_chunks(_request(**fields), output, size):
+        delta = chunk["choices"][0]["delta"]
+        assert not _has_null(delta), delta
+        entries = delta.get("tool_calls", [])
+        assert len({e["index"] for e in entries}) == len(entries), entries
+        for entry in entries:
+            if entry["index"] not in seen:
+                seen.add(entry["index"])
+                assert set(entry) == {"index", "id", "type", "function"} and entry["type"] == "function"
+                assert set(entry["function"]) == {"name", "arguments"} and entry["function"]["name"]
+            else:
+                assert set(entry) == {"index", "function"} and set(entry["function"]) == {"arguments"}
+            assert isinstance(entry["function"]["arguments"], str)
+            arguments[entry["index"]] = arguments.get(entry["index"], "") + entry["function"]["arguments"]
+    assert seen and all(isinstance(json.loads(a), dict) for a in arguments.values())
+
+
+@pytest.mark.parametrize(
+    ("fields", "output", "content"),
+    [
+        (
+            {"tools": TOOLS, "tool_choice": "required"},
+            '[{"name": "get_weather", "parameters": {"city": "Os',
+            "",
+        ),
+        (
+            {"tools": TOOLS},
+            'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci',
+            "Checking.\n",
+        ),
+    ],
+)
+def test_a_call_cut_by_max_tokens_ends_with_the_deltas_already_sent(
+    fields: dict[str, Any], output: str, content: str
+) -> None:
+    """The final chunk does not re-send the raw output as content after the tool-call deltas."""
+    for size in (2, 7):
+        chunks = _sent_chunks(_request(**fields), output, size, finish="length")
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert "".join(d.get("content", "") for d in deltas) == content
+        assert [
+            e["function"]["name"] for d in deltas for e in d.get("tool_calls", []) if "name" in e["function"]
+        ] == ["get_weather"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+class Address(BaseModel):
+    city: str
+    zip_code: str
+
+
+class Person(BaseModel):
+    name: str
+    home: Address
+    previous: list[Address] = []
+
+
+def _parcel_schema() -> dict[str, Any]:
+    class Address(BaseModel):  # the same definition name as Person's, another shape
+        street: str
+
+    class Parcel(BaseModel):
+        to: Address
+        weight: int
+
+    return Parcel.model_json_schema()
+
+
+def test_required_schema_hoists_each_tools_definitions() -> None:
+    """Tool parameters with `$defs`/`$ref` (every pydantic model with a nested model): each tool's refs
+    still reach its own definitions once its schema sits inside the "required" list's anyOf."""
+    tools = [
+        {"type": "function", "function": {"name": "add_person", "parameters": Person.model_json_schema()}},
+        {"type": "function", "function": {"name": "send", "parameters": _parcel_schema()}},
+    ]
+    schema = tool_schema(_request(tools=tools, tool_choice="required"))
+    assert schema is not None
+    jsonschema.Draft202012Validator.check_schema(schema)
+    person = {"name": "Ada", "home": {"city": "Oslo", "zip_code": "0150"}}
+    parcel = {"to": {"street": "Main St"}, "weight": 2}
+    jsonschema.validate(
+        [{"name": "add_person", "parameters": person}, {"name": "send", "parameters": parcel}], schema
+    )
+    for bad in (
+        [{"name": "add_person", "parameters": {"name": "Ada", "home": {"street": "Main St"}}}],
+        [{"name": "send", "parameters": {"to": {"city": "Oslo", "zip_code": "1"}, "weight": 2}}],
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    params = SamplingParams()
+    apply_tool_choice(_request(tools=tools, tool_choice="required"), params, AUTO, None)
+    assert params.structured_outputs is not None
+    assert resolve_backend(params.structured_outputs, "xgrammar", True) == "xgrammar"  # compiles
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_tokenizer()
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+@pytest.mark.parametrize(
+    ("choice", "prefixes"),
+    [("required", ["[", "[{", '[{"name"']), (_named("get_weather"), ["", "{", '{"city"'])],
+)
+def test_forced_tool_grammars_admit_no_free_whitespace(
+    tokenizer: Any, backend: str, choice: Any, prefixes: list[str]
+) -> None:
+    """Between JSON tokens the grammar allows no whitespace token, where a small model could wander."""
+    params = SamplingParams()
+    apply_tool_choice(_request(tools=TOOLS, tool_choice=choice), params, AUTO, None)
+    constraint = params.structured_outputs
+    assert constraint is not None
+    config = StructuredOutputsConfig(backend=backend, disable_fallback=True)
+    manager = StructuredOutputManager(config, len(tokenizer), [tokenizer.eos_token_id], lambda: tokenizer)
+    constraint.resolved_backend = resolve_backend(constraint, backend, True)
+    whitespace = {i for i in range(len(tokenizer)) if tokenizer.decode([i]) in (" ", "\n", "  ", "\t", " \n")}
+    assert whitespace
+    for prefix in prefixes:
+        grammar = manager.grammar_init(constraint, [])
+        while not grammar.is_ready():
+            time.sleep(0.01)
+        grammar.init_matcher()
+        for token in tokenizer.encode(prefix):
+            assert grammar.accept_token(token)
+        allowed = ~forbidden_tokens(manager.grammar_bitmask([grammar]), len(tokenizer))
+        assert not whitespace & {int(i) for i in allowed.nonzero()[-1]}, prefix

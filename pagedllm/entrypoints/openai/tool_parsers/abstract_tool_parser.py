@@ -14,21 +14,19 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pagedllm.entrypoints.openai.protocol import make_tool_call_id
-from pagedllm.entrypoints.openai.protocol_chat import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
-from pagedllm.entrypoints.openai.tool_parsers.json_calls import ToolCallPrefix
-
-
-@dataclass
-class ParsedText:
-    """One reading of an output text: its content, and its tool calls (complete when the text is)."""
-
-    content: str
-    tool_calls: list[ToolCallPrefix] = field(default_factory=list)
+from pagedllm.entrypoints.openai.protocol_chat import (
+    ChatCompletionToolsParam,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
+from pagedllm.entrypoints.openai.tool_parsers.json_calls import ParsedText
 
 
 @dataclass
@@ -53,11 +51,19 @@ class ToolParser:
 
     def __init__(self, tokenizer: Any = None) -> None:
         self.tokenizer = tokenizer
+        # The request's tools (the server sets them before parsing): a format that writes arguments as
+        # text, not JSON, reads their types from the parameter schemas.
+        self.tools: list[ChatCompletionToolsParam] = []
         self._content_sent = 0
         self._calls_sent: list[_SentCall] = []
+        self._stream_ended = False
 
     def parse(self, text: str, final: bool) -> ParsedText:
         raise NotImplementedError
+
+    def make_call_id(self) -> str:
+        """A fresh tool call id (a format whose chat template checks the ids sent back overrides it)."""
+        return make_tool_call_id()
 
     def keeps_special_tokens(self) -> bool:
         """Whether the output text must keep special tokens (skip_special_tokens=False) for the markers."""
@@ -68,7 +74,8 @@ class ToolParser:
         """The content and tool calls of a complete output."""
         parsed = self.parse(model_output, final=True)
         calls = [
-            ToolCall(function=FunctionCall(name=c.name, arguments=c.arguments)) for c in parsed.tool_calls
+            ToolCall(id=self.make_call_id(), function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in parsed.tool_calls
         ]
         return ExtractedToolCallInformation(
             tools_called=bool(calls), tool_calls=calls, content=parsed.content or None
@@ -78,26 +85,35 @@ class ToolParser:
         self, current_text: str, finished: bool
     ) -> tuple[str | None, list[DeltaToolCall]]:
         """What a stream sends next, given the whole output so far: new content (None if none) and the
-        tool-call deltas. ``finished`` says the text is complete, which releases anything held back."""
+        tool-call deltas, at most one per call: a call's first delta carries its id, type, name and the
+        arguments so far (a string, maybe empty), the next ones fragments of the arguments.
+        ``finished`` says the text is complete, which releases anything held back."""
+        if self._stream_ended:
+            return None, []
         parsed = self.parse(current_text, final=finished)
+        if len(parsed.tool_calls) < len(self._calls_sent):
+            # The reading fell back to plain text (a call cut short by max_tokens, or malformed) after
+            # calls were sent, which cannot be taken back: the stream ends with the deltas already sent,
+            # as vLLM's does, rather than re-sending the raw text as content.
+            self._stream_ended = True
+            return None, []
         content = None
-        # A final reading that fell back to plain content can no longer take back calls already sent;
-        # its content still continues what was sent.
         if len(parsed.content) > self._content_sent:
             content = parsed.content[self._content_sent :]
             self._content_sent = len(parsed.content)
         deltas: list[DeltaToolCall] = []
         for index, call in enumerate(parsed.tool_calls):
             if index == len(self._calls_sent):
-                self._calls_sent.append(_SentCall())
+                self._calls_sent.append(_SentCall(len(call.arguments)))
                 deltas.append(
                     DeltaToolCall(
                         index=index,
-                        id=make_tool_call_id(),
+                        id=self.make_call_id(),
                         type="function",
-                        function=DeltaFunctionCall(name=call.name),
+                        function=DeltaFunctionCall(name=call.name, arguments=call.arguments),
                     )
                 )
+                continue
             sent = self._calls_sent[index]
             if len(call.arguments) > sent.arguments_sent:
                 fragment = call.arguments[sent.arguments_sent :]

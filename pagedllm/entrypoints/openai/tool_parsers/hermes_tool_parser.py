@@ -9,7 +9,7 @@ from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ToolParserManager,
 )
 from pagedllm.entrypoints.openai.tool_parsers.json_calls import (
-    held_back,
+    content_before_markers,
     is_valid_call,
     read_call,
     skip_ws,
@@ -25,10 +25,10 @@ class Hermes2ProToolParser(ToolParser):
     markers = (START, END)
 
     def parse(self, text: str, final: bool) -> ParsedText:
-        start = text.find(START)
+        content, start = content_before_markers(text, (START,), final)
         if start < 0:
-            return ParsedText(text if final else text[: len(text) - held_back(text, START)])
-        parsed = ParsedText(text[:start])
+            return ParsedText(content)
+        parsed = ParsedText(content)
         pos = start
         # Each block: the start tag, one JSON object, the end tag (the last one may be left open). Text
         # after the calls is dropped, as the model should stop there.

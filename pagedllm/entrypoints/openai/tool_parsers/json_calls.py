@@ -10,7 +10,7 @@ a complete call with `json.loads` (`is_valid_call`).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _WHITESPACE = " \t\n\r"
 _CLOSERS = {"{": "}", "[": "]"}
@@ -22,6 +22,14 @@ class ToolCallPrefix:
 
     name: str
     arguments: str
+
+
+@dataclass
+class ParsedText:
+    """One reading of an output text: its content, and its tool calls (complete when the text is)."""
+
+    content: str
+    tool_calls: list[ToolCallPrefix] = field(default_factory=list)
 
 
 def skip_ws(text: str, pos: int) -> int:
@@ -162,6 +170,26 @@ def is_valid_call_list(raw: str, argument_keys: tuple[str, ...], count: int) -> 
     return isinstance(calls, list) and len(calls) == count and all(_is_call(c, argument_keys) for c in calls)
 
 
+def is_json_object(raw: str) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def call_list_so_far(
+    text: str, pos: int, argument_keys: tuple[str, ...], final: bool
+) -> list[ToolCallPrefix] | None:
+    """The calls of the JSON list of call objects at ``pos`` (those the text shows so far, while it may
+    grow); None when the text there is not such a list (a final text: one that does not parse)."""
+    if pos >= len(text) or text[pos] != "[":
+        return None if final or pos < len(text) else []
+    calls, end = read_call_list(text, pos, argument_keys)
+    if final and (end is None or not is_valid_call_list(text[pos:end], argument_keys, len(calls))):
+        return None
+    return calls
+
+
 def held_back(text: str, marker: str) -> int:
     """How many characters at the end of ``text`` could be the start of ``marker``: a stream keeps them
     until it knows whether the marker follows."""
@@ -169,3 +197,14 @@ def held_back(text: str, marker: str) -> int:
         if text.endswith(marker[:size]):
             return size
     return 0
+
+
+def content_before_markers(text: str, markers: tuple[str, ...], final: bool) -> tuple[str, int]:
+    """The content before the earliest of ``markers`` in ``text`` and that marker's index (-1 when none
+    is there yet: then, while the text may grow, a tail that could start a marker is held back)."""
+    found = [index for index in (text.find(m) for m in markers) if index >= 0]
+    if found:
+        return text[: min(found)], min(found)
+    if final:
+        return text, -1
+    return text[: len(text) - max(held_back(text, m) for m in markers)], -1

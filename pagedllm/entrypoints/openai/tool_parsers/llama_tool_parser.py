@@ -1,17 +1,34 @@
-"""Llama 3.1/3.2 JSON tool calls: the output is one or more ``{"name": ..., "parameters": {...}}`` objects
-separated by ``;``, optionally after ``<|python_tag|>``; any other output is plain content."""
+"""Llama 3.1/3.2 JSON tool calls: ``{"name": ..., "parameters": {...}}`` objects (``arguments`` is taken
+too), several separated by ``;``, optionally after ``<|python_tag|>``, and possibly inside text (``Here is
+the call: {...}``). An object is a call only with a string ``name`` and an object under ``parameters`` or
+``arguments``; any other object (``{"name": "Alice"}``, ``{x}``) stays in the content, as does all the
+text around the calls."""
 
 from __future__ import annotations
+
+import json
 
 from pagedllm.entrypoints.openai.tool_parsers.abstract_tool_parser import (
     ParsedText,
     ToolParser,
     ToolParserManager,
 )
-from pagedllm.entrypoints.openai.tool_parsers.json_calls import is_valid_call, read_call, skip_ws
+from pagedllm.entrypoints.openai.tool_parsers.json_calls import read_call, skip_ws
 
 PYTHON_TAG = "<|python_tag|>"
 ARGUMENT_KEYS = ("parameters", "arguments")
+
+
+def _is_call_object(raw: str) -> bool:
+    """A complete object with a string name and object arguments under one of the argument keys."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return False
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return False
+    present = [key for key in ARGUMENT_KEYS if key in value]
+    return bool(present) and isinstance(value[present[0]], dict)
 
 
 @ToolParserManager.register_module("llama3_json")
@@ -19,25 +36,38 @@ class Llama3JsonToolParser(ToolParser):
     markers = (PYTHON_TAG,)
 
     def parse(self, text: str, final: bool) -> ParsedText:
-        pos = skip_ws(text, len(PYTHON_TAG) if text.startswith(PYTHON_TAG) else 0)
-        if not final and (pos >= len(text) or PYTHON_TAG.startswith(text)):
-            # Only whitespace, or the start of the tag, so far: the output may still be a call.
+        if not final and PYTHON_TAG.startswith(text):
             return ParsedText("")
-        if pos >= len(text) or text[pos] != "{":
-            return ParsedText(text)
-        calls = []
+        parsed = ParsedText("")
+        pos = len(PYTHON_TAG) if text.startswith(PYTHON_TAG) else 0
         while True:
-            call, end = read_call(text, pos, ARGUMENT_KEYS)
-            if final and (end is None or not is_valid_call(text[pos:end], ARGUMENT_KEYS)):
-                return ParsedText(text)
-            if call is not None:
-                calls.append(call)
+            brace = text.find("{", pos)
+            if brace < 0:
+                parsed.content += text[pos:]
+                break
+            parsed.content += text[pos:brace]
+            call, end = read_call(text, brace, ARGUMENT_KEYS)
             if end is None:
-                return ParsedText("", calls)
-            pos = skip_ws(text, end)
-            if pos < len(text) and text[pos] == ";":
-                pos = skip_ws(text, pos + 1)
-            if pos >= len(text):
-                return ParsedText("", calls)
-            if text[pos] != "{":
-                return ParsedText(text) if final else ParsedText("", calls)
+                # An object still open: a call once its arguments began (its name is known), else held
+                # back until it closes (it may be a call, or a brace in the text).
+                if final:
+                    parsed.content += text[brace:]
+                elif call is not None and call.arguments:
+                    parsed.tool_calls.append(call)
+                break
+            if call is None or not _is_call_object(text[brace:end]):
+                parsed.content += text[brace:end]
+                pos = end
+                continue
+            parsed.tool_calls.append(call)
+            after = skip_ws(text, end)
+            if text.startswith(";", after):
+                pos = skip_ws(text, after + 1)  # the separator between two calls is not content
+            elif after >= len(text) and not final:
+                break  # whitespace after a call: content, or the way to a separator
+            else:
+                pos = end
+        if (parsed.tool_calls or not final) and not parsed.content.strip():
+            # Whitespace around the calls is not an answer; while streaming it waits for what follows.
+            parsed.content = ""
+        return parsed
