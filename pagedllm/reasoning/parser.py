@@ -46,7 +46,7 @@ def _load_builtin_parsers() -> None:
     import pagedllm.reasoning.think_parsers  # noqa: F401
 
 
-def _partial_marker_len(text: str, marker: str) -> int:
+def partial_marker_len(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker` (0 if none)."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
@@ -55,8 +55,9 @@ def _partial_marker_len(text: str, marker: str) -> int:
 
 
 class ReasoningParser:
-    """Reasoning between `start_token` and `end_token`. `implicit_start`: the output begins inside the
-    reasoning even without `start_token` (the chat template opened it in the prompt)."""
+    """Reasoning between `start_token` and `end_token`. A `start_token` after leading whitespace is the
+    marker too. `implicit_start`: the output begins inside the reasoning even without `start_token`
+    (the chat template opened it in the prompt)."""
 
     start_token: ClassVar[str] = "<think>"
     end_token: ClassVar[str] = "</think>"
@@ -80,40 +81,60 @@ class ReasoningParser:
         return True
 
     # -- the engine side: token ids --------------------------------------------------------------
-    def is_reasoning_end(self, token_ids: Sequence[int]) -> bool:
-        """Whether `token_ids` end outside the reasoning: the last marker among them is the end one.
+    def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
+        """Whether `input_ids` end outside the reasoning: the last marker among them is the end one.
         Scanning from the end lets a prompt with earlier turns' `</think>` but a fresh `<think>` count
         as still reasoning."""
-        for token_id in reversed(token_ids):
+        for token_id in reversed(input_ids):
             if token_id == self.start_token_id:
                 return False
             if token_id == self.end_token_id:
                 return True
         return False
 
-    # -- the server side: text --------------------------------------------------------------------
-    def split(self, text: str, final: bool = True) -> tuple[str, str]:
-        """(reasoning, content) of `text`. With `final` False (the text may still grow), what could
-        become a marker is held back: it belongs to neither part yet."""
+    def extract_content_ids(self, input_ids: Sequence[int]) -> list[int]:
+        """The ids of the content among the output's `input_ids`: those after the end marker (none while
+        the reasoning goes on); all of them when the request turned reasoning off."""
         if not self.thinking_enabled():
-            return "", text
-        if not final and len(text) < len(self.start_token) and self.start_token.startswith(text):
-            return "", ""
-        if text.startswith(self.start_token):
-            body = text[len(self.start_token) :]
+            return list(input_ids)
+        ids = list(input_ids)
+        if self.end_token_id is None or self.end_token_id not in ids:
+            return []
+        return ids[ids.index(self.end_token_id) + 1 :]
+
+    # -- the server side: text --------------------------------------------------------------------
+    def split(self, text: str, final: bool = True) -> tuple[str | None, str]:
+        """(reasoning, content) of `text`; reasoning None when the text has no reasoning part, "" for
+        an empty one. With `final` False (the text may still grow), what could become a marker is held
+        back: it belongs to neither part yet."""
+        if not self.thinking_enabled():
+            return None, text
+        lead = len(text) - len(text.lstrip())
+        if text.startswith(self.start_token, lead):
+            body = lead + len(self.start_token)
+        elif not final and self.start_token.startswith(text[lead:]):
+            return None, ""  # whitespace, or the start of the marker, so far
         elif self.implicit_start:
-            body = text
+            body = 0
         else:
-            return "", text
-        reasoning, found, content = body.partition(self.end_token)
-        if not found and not final:
-            reasoning = reasoning[: len(reasoning) - _partial_marker_len(reasoning, self.end_token)]
-        return reasoning, content
+            return None, text
+        reasoning_end, content_start = self.reasoning_end(text, body, final)
+        return text[body:reasoning_end], "" if content_start is None else text[content_start:]
+
+    def reasoning_end(self, text: str, body: int, final: bool) -> tuple[int, int | None]:
+        """Where the reasoning starting at `body` ends, and where the content starts: None while the
+        reasoning goes on (then, before the final text, a tail that may start the end marker is not
+        reasoning yet)."""
+        index = text.find(self.end_token, body)
+        if index >= 0:
+            return index, index + len(self.end_token)
+        return len(text) - (0 if final else partial_marker_len(text[body:], self.end_token)), None
 
     def extract_reasoning_content(self, model_output: str) -> tuple[str | None, str | None]:
-        """(reasoning_content, content) of a complete output; None for an empty part."""
+        """(reasoning_content, content) of a complete output: reasoning None without a reasoning part
+        ("" for an empty one, as vLLM), content None when empty."""
         reasoning, content = self.split(model_output)
-        return reasoning or None, content or None
+        return reasoning, content or None
 
     def extract_reasoning_content_streaming(
         self, previous_text: str, current_text: str, finished: bool = False
@@ -122,7 +143,7 @@ class ReasoningParser:
         `finished` releases whatever was held back. None when the step adds nothing to either part."""
         old_reasoning, old_content = self.split(previous_text, final=False)
         reasoning, content = self.split(current_text, final=finished)
-        new_reasoning = reasoning[len(old_reasoning) :]
+        new_reasoning = (reasoning or "")[len(old_reasoning or "") :]
         new_content = content[len(old_content) :]
         if not new_reasoning and not new_content:
             return None

@@ -1,7 +1,8 @@
 """A reasoning model's chat responses through the real server (`--reasoning-parser qwen3`) with the
 official openai client. SmolLM2 never writes <think> by itself, so a regex makes it write the tags as
-text: the split, streamed and not, is then deterministic. Also: outputs without tags are all content,
-include_reasoning=false drops the reasoning, and chat_template_kwargs reach the template."""
+text: the split, streamed and not, is then deterministic. Also: outputs without tags are reasoning (cut
+before </think>) unless thinking is off, include_reasoning=false drops the reasoning, and
+chat_template_kwargs reach the template."""
 
 from __future__ import annotations
 
@@ -70,10 +71,14 @@ def test_think_tags_split_into_reasoning_and_content(client: openai.OpenAI) -> N
     assert off.choices[0].message.reasoning_content is None
 
 
-def test_output_without_tags_is_all_content(client: openai.OpenAI) -> None:
+def test_output_without_tags_is_reasoning_unless_thinking_is_off(client: openai.OpenAI) -> None:
+    """As vLLM's qwen3 parser now: the template opened <think> in the prompt (Qwen3-Thinking-2507,
+    Qwen3.5), so output cut before </think> is all reasoning; enable_thinking=false makes it content."""
     message = chat(client, max_tokens=8).choices[0].message
-    assert message.content and message.reasoning_content is None
-    assert chat_stream(client, max_tokens=8) == ("", message.content)
+    assert message.reasoning_content and message.content is None
+    assert chat_stream(client, max_tokens=8) == (message.reasoning_content, "")
+    off = chat(client, max_tokens=8, chat_template_kwargs={"enable_thinking": False}).choices[0].message
+    assert off.content == message.reasoning_content and off.reasoning_content is None
 
 
 def test_chat_template_kwargs_reach_the_template(client: openai.OpenAI) -> None:

@@ -47,7 +47,8 @@ def streamed(parser: str | None, texts: list[str], **fields: object) -> list[tup
     ("parser", "expected"),
     [
         (None, [(None, text) for text in OUTPUTS]),
-        ("qwen3", [("Two and two.", "Four."), (None, "Short answer: 4"), (None, "x</think>y")]),
+        # Qwen3's current templates open <think> in the prompt: output without </think> is reasoning.
+        ("qwen3", [("Two and two.", "Four."), ("Short answer: 4", None), ("x", "y")]),
         ("deepseek_r1", [("Two and two.", "Four."), ("Short answer: 4", None), ("x", "y")]),
     ],
 )

@@ -35,18 +35,46 @@ CASES = [
     ("deepseek_r1", None, "a</think>", "a", None),
     ("deepseek_r1", None, "x </think> y </think> z", "x ", " y </think> z"),
     ("qwen3", None, "<think>\nHmm.\n</think>\n\nHello!", "\nHmm.\n", "\n\nHello!"),
-    ("qwen3", None, "Hello, no thinking here.", None, "Hello, no thinking here."),
-    ("qwen3", None, "<thinking about it>", None, "<thinking about it>"),
+    # Qwen3-Thinking-2507 / Qwen3.5 open <think> in the prompt: the output starts inside the reasoning.
+    ("qwen3", None, "Thinking-2507 style.\n</think>\n\nHello!", "Thinking-2507 style.\n", "\n\nHello!"),
+    ("qwen3", None, "cut off before the end", "cut off before the end", None),
+    ("qwen3", None, "<thinking about it>", "<thinking about it>", None),
     ("qwen3", None, "<think>cut off mid-tho", "cut off mid-tho", None),
-    ("qwen3", None, "Not reasoning</think>tail", None, "Not reasoning</think>tail"),
+    ("qwen3", None, "x </think> y </think> z", "x ", " y </think> z"),
+    # A tool call ends the reasoning (Qwen3.5 may call without closing its thoughts): it is content.
+    (
+        "qwen3",
+        "",
+        "Weather first.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "Weather first.\n",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+    ),
+    (
+        "qwen3",
+        None,
+        'Call it.<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+        "Call it.",
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
+    ),
+    # A mention of the tag is not a call.
+    ("qwen3", None, "I could use <tool_call> tags.</think>No.", "I could use <tool_call> tags.", "No."),
+    ("qwen3", None, "cut at <tool_call>", "cut at <tool_call>", None),
     ("qwen3", {"enable_thinking": False}, "<think>x</think>y", None, "<think>x</think>y"),
+    ("qwen3", {"enable_thinking": False}, "Plain answer.", None, "Plain answer."),
     ("qwen3", {"enable_thinking": True}, "<think>x</think>y", "x", "y"),
-    ("qwen3", None, "", None, None),
+    # Empty reasoning is "" (as vLLM sends it), not absent.
+    ("qwen3", None, "", "", None),
+    ("qwen3", None, "<think>\n\n</think>\n\nHi", "\n\n", "\n\nHi"),
+    ("deepseek_r1", None, "<think></think>4", "", "4"),
+    # <think> after leading whitespace is still the marker: it does not leak into the reasoning.
+    ("deepseek_r1", None, "\n\n<think>Hmm.</think>4", "Hmm.", "4"),
+    ("deepseek_r1", None, " <thinking>", " <thinking>", None),
 ]
 
 
-def make(name: str, kwargs: dict | None = None) -> ReasoningParser:
-    return get_reasoning_parser(name)(VOCAB, kwargs)
+def make(name: str, kwargs: dict | str | None = None) -> ReasoningParser:
+    return get_reasoning_parser(name)(VOCAB, kwargs or None)
 
 
 def stream(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
@@ -115,3 +143,12 @@ def test_is_reasoning_end_on_token_ids() -> None:
     # A vocabulary without the marker tokens: nothing can end the reasoning by id.
     blind = get_reasoning_parser("qwen3")({"a": 1})
     assert not blind.has_end_token and not blind.is_reasoning_end([1, 1])
+
+
+def test_extract_content_ids() -> None:
+    """The ids after the reasoning's end marker (vLLM's interface for plugin parsers)."""
+    parser = make("deepseek_r1")
+    assert parser.extract_content_ids([7, 1, 8, 2, 1]) == [2, 1]
+    assert parser.extract_content_ids([1, 2, 8]) == []
+    assert parser.extract_content_ids([7, 1, 2]) == []
+    assert make("qwen3", {"enable_thinking": False}).extract_content_ids([1, 2]) == [1, 2]
