@@ -85,7 +85,14 @@ ENABLE_FLAGS: dict[str, tuple[str, str]] = {
 SHORTCUTS.update(
     {
         name: (("lora_config", name),)
-        for name in ("max_loras", "max_lora_rank", "max_cpu_loras", "lora_dtype", "fully_sharded_loras")
+        for name in (
+            "max_loras",
+            "max_lora_rank",
+            "max_cpu_loras",
+            "lora_dtype",
+            "fully_sharded_loras",
+            "lora_allowed_roots",
+        )
     }
 )
 # Sizes that accept `4k` (4000) / `4K` (4096) style suffixes on the command line.

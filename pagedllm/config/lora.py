@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
@@ -26,8 +27,14 @@ class LoRAConfig:
     """Shard LoRA weights fully across tensor parallel ranks."""
     lora_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Data type of LoRA weights; "auto" uses the model dtype."""
+    lora_allowed_roots: list[str] | None = None
+    """Directories adapters may be read from (static and runtime-loaded, offline LoRARequest paths):
+    a path outside them, by '..' or a link, is refused. Unset: any path the server can read."""
 
     def __post_init__(self) -> None:
+        for root in self.lora_allowed_roots or ():
+            if not Path(root).expanduser().is_dir():
+                raise ValueError(f"lora_allowed_roots: {root!r} is not a directory")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = self.max_loras
         elif self.max_cpu_loras < self.max_loras:

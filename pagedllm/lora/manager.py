@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pagedllm.layers.linear import ColumnParallelLinear, LinearBase
+from pagedllm.lora.allowed_roots import check_adapter_path
 from pagedllm.lora.layers import LoRABatchState, LoRALinearMethod
 from pagedllm.lora.peft_loader import SUPPORTED_TARGETS, LoRAAdapterError, load_peft_adapter
 from pagedllm.lora.request import LoRARequest
@@ -48,6 +49,7 @@ class LoRAManager:
         self.max_loras: int = lora_config.max_loras
         self.max_cpu_loras: int = lora_config.max_cpu_loras or lora_config.max_loras
         self.max_rank: int = lora_config.max_lora_rank
+        self.allowed_roots: list[str] | None = lora_config.lora_allowed_roots
         self.dtype = lora_dtype(lora_config, model_dtype)
         device = next(model.parameters()).device
         self.state = LoRABatchState(max_num_tokens, self.max_loras, self.dtype, device)
@@ -94,7 +96,7 @@ class LoRAManager:
         raise LoRAAdapterError(f"the adapter targets {module!r}, which is not a projection of this model")
 
     def _load(self, request: LoRARequest) -> SlotWeights:
-        adapter = load_peft_adapter(request.lora_path, self.dtype)
+        adapter = load_peft_adapter(check_adapter_path(request.lora_path, self.allowed_roots), self.dtype)
         name = request.lora_name
         if adapter.rank > self.max_rank:
             raise LoRAAdapterError(

@@ -36,6 +36,8 @@ SUPPORTED_TARGETS = (
 # `base_model.model.<module>.lora_A[.<adapter name>].weight`
 _KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<ab>[AB])(?:\.[^.]+)?\.weight$")
 _WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+# Every file of an adapter directory the loader opens or looks for.
+ADAPTER_FILES = ("adapter_config.json", *_WEIGHT_FILES, "new_embeddings.safetensors", "new_embeddings.bin")
 
 
 class LoRAAdapterError(ValueError):

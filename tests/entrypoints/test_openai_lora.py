@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "lora"))
 from peft_adapters import AdapterSpec, make_adapter, make_adapters, peft_greedy, peft_model  # noqa: E402
 from remote_server import RemoteServer, on_one_connection  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from serve_startup import refused_before_the_engine  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -36,6 +37,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-server")
     paths = make_adapters(root)
     paths["rank32"] = make_adapter(paths["base"], root / "rank32", AdapterSpec(32, ["q_proj"]), 7)
+    # Outside the server's --lora-allowed-roots (the directory above), and a link leading there.
+    paths["outside"] = Path(shutil.copytree(paths["qv8"], tmp_path_factory.mktemp("not-allowed") / "qv8"))
+    (root / "link").symlink_to(paths["outside"], target_is_directory=True)
     return paths
 
 
@@ -58,6 +62,8 @@ def server(files: dict[str, Path]) -> Iterator[RemoteServer]:
             "--lora-modules",
             f"qv8={files['qv8']}",
             mlp,
+            "--lora-allowed-roots",
+            str(files["base"].parent),
         ],
         env={"PAGEDLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"},
     )
@@ -129,6 +135,12 @@ def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, fi
         assert r.status_code == status and words in r.json()["error"]["message"], r.text
     r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "gone"})
     assert r.status_code == 404, r.text
+    # Only from under --lora-allowed-roots: not elsewhere, not by '..', not through a link.
+    root = files["base"].parent
+    for path in (files["outside"], root / ".." / files["outside"].parent.name / "qv8", root / "link"):
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "escape", "lora_path": str(path)})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+        assert "--lora-allowed-roots" in r.json()["error"]["message"]
 
     # An adapter in use is not unloaded: its running request finishes undisturbed.
     stream = client.completions.create(
@@ -159,12 +171,12 @@ def test_runtime_load_and_unload(client: openai.OpenAI, server: RemoteServer, fi
     assert {m.id for m in client.models.list().data} == {BASE, "qv8", "mlp16"}
 
 
-def test_malformed_adapters_are_400_naming_the_file(
-    server: RemoteServer, files: dict[str, Path], tmp_path: Path
-) -> None:
+def test_malformed_adapters_are_400_naming_the_file(server: RemoteServer, files: dict[str, Path]) -> None:
     """Each a 400 naming the file and what is wrong (they were 500s, and each 500 closed the client's
     keep-alive connection); an all-NaN adapter is refused naming the tensor."""
-    nan, truncated, config = (tmp_path / name for name in ("nan", "truncated", "config"))
+    # Under the server's --lora-allowed-roots.
+    malformed = files["base"].parent / "malformed"
+    nan, truncated, config = (malformed / name for name in ("nan", "truncated", "config"))
     for path in (nan, truncated, config):
         shutil.copytree(files["qv8"], path)
     tensors = load_file(str(nan / "adapter_model.safetensors"))
@@ -190,3 +202,11 @@ def test_malformed_adapters_are_400_naming_the_file(
         assert status == 400 and body["error"]["param"] == "lora_path", body
         assert named in body["error"]["message"] and words in body["error"]["message"], body
     assert answers[-1][0] == 200 and {m["id"] for m in answers[-1][1]["data"]} == {BASE, "qv8", "mlp16"}
+
+
+def test_static_adapter_outside_the_roots_fails_before_loading_the_model(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    flags = ["--enable-lora", "--lora-allowed-roots", str(files["base"].parent)]
+    log = refused_before_the_engine([*flags, "--lora-modules", f"x={files['outside']}"], monkeypatch, caplog)
+    assert "--lora-modules x: lora_path" in log and "--lora-allowed-roots" in log

@@ -57,6 +57,7 @@ from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, ad
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.serving_tools import ToolCallingConfig, load_tool_calling_config
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
+from pagedllm.lora.allowed_roots import check_adapter_path
 from pagedllm.metrics.tracing import extract_trace_headers
 
 if TYPE_CHECKING:
@@ -294,6 +295,12 @@ async def run_server(
         lora_modules = [parse_lora_module(m) for m in args.lora_modules or ()]
         if lora_modules and engine_config.lora_config is None:
             raise ValueError("--lora-modules needs --enable-lora")
+        lora_config = engine_config.lora_config
+        for module in lora_modules:  # before the model loads; the workers check every adapter they read
+            try:
+                check_adapter_path(module.path, lora_config.lora_allowed_roots if lora_config else None)
+            except ValueError as e:
+                raise ValueError(f"--lora-modules {module.name}: {e}") from None
     except ValueError as e:
         # Before the engine starts: a bad flag should not cost a model load.
         logger.error("%s", e)
