@@ -5,8 +5,10 @@ timed here (timings live in benchmarks/RESULTS.md)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import psutil
@@ -21,12 +23,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
 
 
-def bench(*args: str) -> subprocess.CompletedProcess[str]:
+def bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "pagedllm.entrypoints.cli", "bench", *args],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -111,17 +114,29 @@ def test_latency_of_the_prompt_step_alone(model_dir: Path, tmp_path: Path) -> No
     assert "no decode steps" in result.stdout
 
 
+def _processes_with(variable: str, value: str) -> list[psutil.Process]:
+    """The running processes whose environment has `variable=value` (inherited by every descendant of
+    the process it was set for, so a server the machine's other users run is never counted)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(variable) == value and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
 def test_startup_serves_a_request_and_stops_the_server(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "startup.json"
-    before = {p.pid for p in psutil.process_iter()}
-    bench("startup", "--runs", "1", "--output-json", str(out), "--", "--model", str(model_dir), *ENGINE)
+    marker = uuid.uuid4().hex
+    env = {**os.environ, "BENCH_STARTUP_TEST_MARKER": marker}
+    serve_args = ["--model", str(model_dir), *ENGINE]
+    bench("startup", "--runs", "1", "--output-json", str(out), "--", *serve_args, env=env)
     (run,) = json.loads(out.read_text())["runs"]
     assert run["kind"] == "cold" and 0 < run["healthy_s"] <= run["first_request_served_s"]
-    leftover = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if p.pid not in before and "serve" in (p.info["cmdline"] or [])
-    ]
+    # The server and its engine process are gone (a loaded machine may take a moment to reap them).
+    _, leftover = psutil.wait_procs(_processes_with("BENCH_STARTUP_TEST_MARKER", marker), timeout=30)
     assert leftover == []
 
 
