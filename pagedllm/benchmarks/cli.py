@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-_BENCHMARKS = {
+BENCHMARKS = {
     "throughput": "pagedllm.benchmarks.throughput",
     "latency": "pagedllm.benchmarks.latency",
     "serve": "pagedllm.benchmarks.serve_cmd",
@@ -16,12 +16,12 @@ _BENCHMARKS = {
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser("bench", help="Benchmarks: throughput, latency, serve, startup, embed, kv-offload.")
+    parser = subparsers.add_parser("bench", help=f"Benchmarks: {'|'.join(BENCHMARKS)}.")
     bench = parser.add_subparsers(dest="benchmark", metavar="<benchmark>", required=True)
-    for module in _BENCHMARKS.values():
+    for module in BENCHMARKS.values():
         importlib.import_module(module).add_parser(bench)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(_BENCHMARKS[args.benchmark]).run(args))
+    return int(importlib.import_module(BENCHMARKS[args.benchmark]).run(args))

@@ -35,10 +35,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "generate": Subcommand("pagedllm.entrypoints.generate", "Generate completions of prompts offline."),
     "chat": Subcommand("pagedllm.entrypoints.chat", "Chat with the model in the terminal."),
     "serve": Subcommand("pagedllm.entrypoints.serve", "Start the OpenAI-compatible API server."),
-    "bench": Subcommand("pagedllm.benchmarks.cli", "Benchmarks: throughput, latency, serve."),
-    "disagg-proxy": Subcommand(
-        "pagedllm.entrypoints.disagg_proxy", "Disaggregated prefill proxy."
+    "bench": Subcommand(
+        "pagedllm.benchmarks.cli", "Benchmarks: throughput|latency|serve|startup|embed|kv-offload."
     ),
+    "disagg-proxy": Subcommand("pagedllm.entrypoints.disagg_proxy", "Disaggregated prefill proxy."),
     "watermark": Subcommand("pagedllm.entrypoints.watermark_cmd", "Detect output watermarks."),
 }
 
