@@ -7,8 +7,10 @@ import socket
 import time
 from pathlib import Path
 
+import msgspec
 import psutil
 import pytest
+import zmq
 from kv_event_subscriber import BlockRemoved, BlockStored, Subscriber
 
 from pagedllm.config.kv_transfer import KVEventsConfig
@@ -54,6 +56,52 @@ def test_batches_arrive_in_order_with_contiguous_sequence_numbers_and_replay(tmp
         assert replayed == live[15:]
     finally:
         sub.close()
+        publisher.shutdown()
+
+
+def test_wire_layout_is_a_positional_batch_of_events_as_maps_tagged_by_type(tmp_path: Path) -> None:
+    """The layout README documents for subscribers without vLLM's structs (vLLM's current one): the
+    batch a msgpack array, each event a map of its fields by name with "type" naming it, unset optional
+    fields left out."""
+    endpoint, replay = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
+    config = KVEventsConfig(enable_kv_cache_events=True, endpoint=endpoint, replay_endpoint=replay, topic="kv")
+    publisher = make_event_publisher(config)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(replay)
+    try:
+        publisher.publish_events(_events(3))
+        # Asked from the replay socket (the live stream drops what a subscriber missed while joining),
+        # again until the publisher's thread has sent the batch.
+        payloads: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while not payloads and time.monotonic() < deadline:
+            dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+            while dealer.poll(5000):
+                _, _, payload = dealer.recv_multipart()
+                if not payload:
+                    break
+                payloads.append(payload)
+        (payload,) = payloads
+        ts, events, rank = msgspec.msgpack.decode(payload)
+        assert isinstance(ts, float) and rank == 0
+        stored, removed = events
+        assert stored == {
+            "type": "BlockStored",
+            "block_hashes": stored["block_hashes"],
+            "parent_block_hash": None,
+            "token_ids": [3, 4],
+            "block_size": 2,
+            "lora_id": None,
+            "medium": "GPU",
+            "lora_name": None,
+            "extra_keys": [None],
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        }
+        assert removed == {"type": "BlockRemoved", "block_hashes": stored["block_hashes"], "medium": "GPU", "group_idx": 0}
+    finally:
+        ctx.destroy(linger=0)
         publisher.shutdown()
 
 
