@@ -69,6 +69,33 @@ def test_required_tool_choice_calls_validate(client: openai.OpenAI) -> None:
             jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+README_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"], ids=["named", "required"])
+def test_readme_example_calls_the_tool_greedily(client: openai.OpenAI, tool_choice: Any) -> None:
+    """README's tool example: SmolLM2's chat template drops the tools, yet a named or "required"
+    choice (which needs no server flag) holds the output to the schema, and greedy it asks for the
+    city the user named, in the machine's default dtype."""
+    response = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=README_TOOLS,
+        tool_choice=tool_choice,
+        temperature=0,
+    )
+    [call] = response.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+
+
 def _join_stream(stream: Any) -> tuple[str, dict[int, dict[str, str]], str | None]:
     content, calls, finish = "", {}, None
     for chunk in stream:
