@@ -13,10 +13,12 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import msgspec
+from jinja2 import TemplateError, TemplateSyntaxError
+from jinja2.sandbox import SecurityError
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from pagedllm.errors import RequestError
-from pagedllm.tokenizer import resolve_chat_template as tokenizer_resolve_chat_template
 
 SUPPORTED_ROLES = ("system", "user", "assistant", "tool")
 
@@ -105,6 +107,9 @@ def parse_chat_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
 
 def resolve_chat_template(tokenizer: Any, chat_template: str | None = None) -> str:
     """The template to use: an override (a Jinja string or a path to a file holding one), else the tokenizer's."""
+    # Imported here: it loads torch, which the template sandbox process (importing this module) must not.
+    from pagedllm.tokenizer import resolve_chat_template as tokenizer_resolve_chat_template
+
     template = tokenizer_resolve_chat_template(tokenizer, chat_template)
     if isinstance(template, Mapping):
         # Tokenizers may ship several named templates; "default" is the one used for plain chat.
@@ -127,6 +132,83 @@ def _special_tokens(tokenizer: Any) -> dict[str, str]:
     return tokens
 
 
+# The arguments render_jinja_template takes itself: a chat_template_kwargs key may not replace them (a
+# template smuggled in as "chat_template" included).
+_RENDER_ARGUMENTS = frozenset(
+    {"conversations", "chat_template", "tools", "add_generation_prompt", "continue_final_message"}
+)
+
+
+def describe_render_error(error: Exception) -> tuple[str, str]:
+    """`(field at fault, message)` for an error rendering a chat template."""
+    if isinstance(error, TemplateSyntaxError):
+        return "chat_template", f"chat_template is not a valid Jinja template: {error}"
+    if isinstance(error, SecurityError):  # e.g. attribute access to Python internals
+        return "chat_template", f"chat_template was blocked by the sandbox: {error}"
+    if isinstance(error, TemplateError):
+        # Raised while rendering: templates call raise_exception() on conversations they refuse (e.g.
+        # roles that do not alternate), so the messages are at fault.
+        return "messages", f"The chat template refused the messages: {error}"
+    if isinstance(error, RequestError):
+        return error.param or "messages", error.message
+    if isinstance(error, (ValueError, TypeError)):  # a message of the wrong shape
+        return "messages", str(error)
+    return "chat_template", f"chat_template failed to render: {type(error).__name__}: {error}"
+
+
+class ChatRender(msgspec.Struct, forbid_unknown_fields=True):
+    """One conversation ready to render: plain data, so that it can be rendered in another process (the
+    server renders templates sent in requests in a sandbox process)."""
+
+    template: str
+    conversation: list[dict[str, Any]]
+    add_generation_prompt: bool
+    continue_final_message: bool
+    tools: list[dict[str, Any]] | None
+    variables: dict[str, Any]
+    """The tokenizer's special tokens and the request's chat_template_kwargs."""
+
+    def render(self) -> str:
+        """The prompt text, rendered in transformers' sandboxed Jinja environment."""
+        rendered, _ = render_jinja_template(
+            conversations=[self.conversation],
+            chat_template=self.template,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            tools=self.tools,
+            **self.variables,
+        )
+        return rendered[0]
+
+
+def prepare_chat_render(
+    tokenizer: Any,
+    messages: Iterable[Any],
+    template: str | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> ChatRender:
+    """Check a conversation and gather what rendering it takes. ``template`` is the template's text
+    (never a path), None for the tokenizer's own."""
+    if add_generation_prompt and continue_final_message:
+        raise RequestError(
+            "continue_final_message", "add_generation_prompt and continue_final_message cannot both be true"
+        )
+    reserved = sorted(_RENDER_ARGUMENTS & set(chat_template_kwargs or {}))
+    if reserved:
+        raise RequestError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(reserved)}")
+    return ChatRender(
+        template if template is not None else resolve_chat_template(tokenizer),
+        parse_chat_messages(messages),
+        add_generation_prompt,
+        continue_final_message,
+        tools,
+        {**_special_tokens(tokenizer), **dict(chat_template_kwargs or {})},
+    )
+
+
 def apply_chat_template(
     tokenizer: Any,
     messages: Iterable[Any],
@@ -137,21 +219,15 @@ def apply_chat_template(
     tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render one conversation to prompt text (tokenize it with ``add_special_tokens=False``: the template
-    already wrote the special tokens). ``tools`` (OpenAI's function specs) are shown to templates that
-    render them."""
-    if add_generation_prompt and continue_final_message:
-        raise RequestError(
-            "continue_final_message", "add_generation_prompt and continue_final_message cannot both be true"
-        )
-    conversation = parse_chat_messages(messages)
+    already wrote the special tokens). ``chat_template``: the caller's own template, as text or a path to a
+    file holding it. ``tools`` (OpenAI's function specs) are shown to templates that render them."""
     template = resolve_chat_template(tokenizer, chat_template)
-    kwargs: dict[str, Any] = {**_special_tokens(tokenizer), **dict(chat_template_kwargs or {})}
-    rendered, _ = render_jinja_template(
-        conversations=[conversation],
-        chat_template=template,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        tools=tools,
-        **kwargs,
-    )
-    return rendered[0]
+    return prepare_chat_render(
+        tokenizer,
+        messages,
+        template,
+        add_generation_prompt,
+        continue_final_message,
+        chat_template_kwargs,
+        tools,
+    ).render()

@@ -46,6 +46,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="Chat template (a Jinja string or a file path) replacing the tokenizer's.",
     )
     server.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="Accept a chat_template in chat and /tokenize requests (refused with a 400 otherwise). It is "
+        "template text, never a file path, rendered in a sandboxed process bounded in time and memory.",
+    )
+    server.add_argument(
         "--max-request-body-bytes",
         type=int,
         default=DEFAULT_MAX_REQUEST_BODY_BYTES,

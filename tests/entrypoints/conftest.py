@@ -29,9 +29,17 @@ def client(server: RemoteServer) -> openai.OpenAI:
 @pytest.fixture(scope="session")
 def tool_server() -> Iterator[RemoteServer]:
     """The default model with tool calling on (`--enable-auto-tool-choice --tool-call-parser hermes`),
-    for the tool-call and the structured-output tests: requests without `tools` are served exactly as
-    without the flags, and neither module stops the server or reads its counters."""
-    remote = RemoteServer(extra_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    for the tool-call and the structured-output tests, and with `--trust-request-chat-template` for the
+    request-template tests: requests without `tools` or a `chat_template` are served exactly as without
+    the flags, and no module stops the server or reads its counters."""
+    remote = RemoteServer(
+        extra_args=[
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--trust-request-chat-template",
+        ]
+    )
     try:
         yield remote
     finally:

@@ -163,7 +163,7 @@ def test_http_errors_and_hand_validated_bodies_in_openai_shape() -> None:
 
 
 def test_server_chat_template_is_checked_once(tmp_path: Path) -> None:
-    from pagedllm.entrypoints.openai.serving_chat import load_chat_template
+    from pagedllm.entrypoints.openai.chat_rendering import load_chat_template
 
     path = tmp_path / "t.jinja"
     path.write_text("{{ messages[0]['content'] }}")

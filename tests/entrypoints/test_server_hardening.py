@@ -219,9 +219,26 @@ def test_errors_name_the_chat_fields_the_client_set(http: httpx.Client) -> None:
     del body["max_tokens"]
     message = _error(http.post("/v1/chat/completions", json=body), 400, "max_completion_tokens")
     assert message.startswith("max_completion_tokens")
-    # The sandbox refuses a template reaching for Python internals: the template is at fault.
-    blocked = {**CHAT, "chat_template": "{{ ().__class__.__base__.__subclasses__() }}"}
-    assert "chat_template" in _error(http.post("/v1/chat/completions", json=blocked), 400, "chat_template")
+
+
+def test_request_chat_templates_are_refused_without_the_flag(http: httpx.Client) -> None:
+    """A request's chat_template is neither rendered nor read as a path (it was: /tokenize echoed
+    /etc/passwd); chat_template_kwargs cannot smuggle one in."""
+    messages = CHAT["messages"]
+    for template in (
+        "/etc/passwd",
+        "{{ messages[0].content }}",
+        "{{ ().__class__.__base__.__subclasses__() }}",
+    ):
+        for route, body in (
+            ("/v1/chat/completions", {**CHAT, "chat_template": template}),
+            ("/tokenize", {"messages": messages, "chat_template": template}),
+        ):
+            message = _error(http.post(route, json=body), 400, "chat_template")
+            assert "--trust-request-chat-template" in message and "root:" not in message
+    kwargs = {"chat_template_kwargs": {"chat_template": "/etc/passwd"}}
+    _error(http.post("/v1/chat/completions", json={**CHAT, **kwargs}), 400, "chat_template_kwargs")
+    _error(http.post("/tokenize", json={"messages": messages, **kwargs}), 400, "chat_template_kwargs")
 
 
 # ------------------------------------------------------------------------------------------------ metrics

@@ -30,6 +30,7 @@ import pagedllm
 from pagedllm import envs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineCoreProcess, EngineDeadError
+from pagedllm.entrypoints.openai.chat_rendering import ChatPromptRenderer, load_chat_template
 from pagedllm.entrypoints.openai.dev_routes import register_operation_routes
 from pagedllm.entrypoints.openai.errors import (
     OpenAIError,
@@ -49,7 +50,7 @@ from pagedllm.entrypoints.openai.protocol import (
 )
 from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, TokenizeChatRequest
 from pagedllm.entrypoints.openai.request_limits import RequestLimits, parse_request_limits
-from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
+from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from pagedllm.entrypoints.openai.serving_lora import LoRARegistry, add_lora_routes, parse_lora_module
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -57,6 +58,7 @@ from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, ad
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.serving_tools import ToolCallingConfig, load_tool_calling_config
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
+from pagedllm.entrypoints.openai.template_sandbox import TemplateSandbox
 from pagedllm.lora.allowed_roots import check_adapter_path
 from pagedllm.metrics.tracing import extract_trace_headers
 
@@ -105,7 +107,10 @@ def build_app(
     max_request_body_bytes: int,
     limits: RequestLimits,
     tool_calling: ToolCallingConfig | None = None,
+    template_sandbox: TemplateSandbox | None = None,
 ) -> FastAPI:
+    """``chat_template``: the operator's template text; ``template_sandbox``: where templates sent in
+    requests render (None: they are refused)."""
     app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
     lora = LoRARegistry(engine, served_model_names) if engine.engine_config.lora_config is not None else None
     app.state.lora = lora
@@ -114,8 +119,9 @@ def build_app(
     )
     prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
     completions = OpenAIServingCompletion(engine, models, prompts, limits)
-    chat = OpenAIServingChat(engine, models, prompts, chat_template, limits, tool_calling)
-    tokenization = OpenAIServingTokenization(engine, models, prompts, chat_template)
+    chat_renderer = ChatPromptRenderer(engine.tokenizer, chat_template, template_sandbox)
+    chat = OpenAIServingChat(engine, models, prompts, chat_renderer, limits, tool_calling)
+    tokenization = OpenAIServingTokenization(engine, models, prompts, chat_renderer)
     pooling = OpenAIServingPooling(engine, models, prompts, limits)
 
     @app.exception_handler(OpenAIError)
@@ -314,7 +320,10 @@ async def run_server(
         log_requests=log_requests,
     )
     watchdog: asyncio.Task[None] | None = None
+    sandbox = TemplateSandbox() if args.trust_request_chat_template else None
     try:
+        if sandbox is not None:
+            sandbox.start()
         app = build_app(
             engine,
             names,
@@ -323,6 +332,7 @@ async def run_server(
             max_request_body_bytes=args.max_request_body_bytes,
             limits=limits,
             tool_calling=tool_calling,
+            template_sandbox=sandbox,
         )
         for module in lora_modules:
             try:
@@ -356,5 +366,7 @@ async def run_server(
         if watchdog is not None:
             watchdog.cancel()
         engine_died = engine.is_dead
+        if sandbox is not None:
+            sandbox.close()
         await engine.shutdown()
     return ENGINE_DEAD_EXIT_CODE if engine_died else 0

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from jinja2 import TemplateError, TemplateSyntaxError
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
-
-from pagedllm.chat_template import apply_chat_template
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
+from pagedllm.entrypoints.openai.chat_rendering import ChatPromptRenderer
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import CHAT_UNSUPPORTED_FIELDS, UsageInfo, random_id
 from pagedllm.entrypoints.openai.protocol_chat import (
@@ -51,61 +47,11 @@ from pagedllm.entrypoints.openai.serving_utils import (
     sse_error,
     start_requests,
 )
-from pagedllm.errors import RequestError
 from pagedllm.outputs import CompletionOutput, Logprob
-from pagedllm.tokenizer import resolve_chat_template
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
 PROMPT_PARAM = "messages"
-
-
-def render_chat_prompt(
-    tokenizer: Any,
-    messages: list[Any],
-    chat_template: str | None,
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-    chat_template_kwargs: dict[str, Any] | None,
-    tools: list[dict[str, Any]] | None = None,
-) -> str:
-    """The rendered prompt text (400 for a conversation or template that cannot be rendered). Slow for a
-    long conversation: call it in a worker thread."""
-    try:
-        return apply_chat_template(
-            tokenizer,
-            messages,
-            chat_template=chat_template,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs,
-            tools=tools,
-        )
-    except TemplateSyntaxError as e:
-        raise OpenAIError(f"chat_template is not a valid Jinja template: {e}", param="chat_template") from e
-    except SecurityError as e:
-        # The sandbox blocked the template itself (e.g. attribute access to Python internals).
-        raise OpenAIError(f"chat_template was blocked by the sandbox: {e}", param="chat_template") from e
-    except TemplateError as e:
-        # Raised while rendering: templates call raise_exception() on conversations they refuse
-        # (e.g. roles that do not alternate), so the messages are at fault.
-        raise OpenAIError(f"The chat template refused the messages: {e}", param="messages") from e
-    except RequestError as e:
-        raise OpenAIError(str(e), param=e.param) from e
-    except (ValueError, TypeError) as e:  # a message of the wrong shape
-        raise OpenAIError(str(e), param="messages") from e
-
-
-def load_chat_template(chat_template: str) -> str:
-    """The server's --chat-template (a Jinja string or a file path) as template text, checked once at start-up
-    so that a typo fails `pagedllm serve` instead of every chat request (ValueError naming the problem)."""
-    template = resolve_chat_template(None, chat_template)  # type: ignore[arg-type]  # an override needs no tokenizer
-    assert template is not None  # an override always resolves to text, or raises
-    try:
-        ImmutableSandboxedEnvironment().parse(template)
-    except TemplateSyntaxError as e:
-        raise ValueError(f"--chat-template is not a valid Jinja template: {e}") from e
-    return template
 
 
 def chat_logprobs(
@@ -169,7 +115,7 @@ class OpenAIServingChat:
         engine: AsyncLLM,
         models: OpenAIServingModels,
         prompts: PromptTokenizer,
-        chat_template: str | None,
+        chat_renderer: ChatPromptRenderer,
         limits: RequestLimits,
         tool_calling: ToolCallingConfig | None = None,
     ) -> None:
@@ -177,7 +123,7 @@ class OpenAIServingChat:
         self.tool_calling = tool_calling or ToolCallingConfig()
         self.models = models
         self.prompts = prompts
-        self.chat_template = chat_template
+        self.chat_renderer = chat_renderer
         self.limits = limits
         self.reasoning = ReasoningSplitter(engine.engine_config, engine.tokenizer)
 
@@ -202,11 +148,9 @@ class OpenAIServingChat:
         except ValueError as e:
             raise _chat_error(request, request_error(e, PROMPT_PARAM, request.constraint_param())) from e
         apply_tool_choice(request, params, self.tool_calling, self.engine.tokenizer)
-        text = await asyncio.to_thread(
-            render_chat_prompt,
-            self.engine.tokenizer,
+        text = await self.chat_renderer.render(
             request.messages,
-            request.chat_template or self.chat_template,
+            request.chat_template,
             request.add_generation_prompt,
             request.continue_final_message,
             request.chat_template_kwargs,

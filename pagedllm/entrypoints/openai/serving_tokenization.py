@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from pagedllm.engine.async_llm import AsyncLLM
+from pagedllm.entrypoints.openai.chat_rendering import ChatPromptRenderer
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     DetokenizeRequest,
@@ -13,7 +14,6 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeResponse,
 )
 from pagedllm.entrypoints.openai.protocol_chat import TokenizeChatRequest
-from pagedllm.entrypoints.openai.serving_chat import render_chat_prompt
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
 
@@ -24,23 +24,21 @@ class OpenAIServingTokenization:
         engine: AsyncLLM,
         models: OpenAIServingModels,
         prompts: PromptTokenizer,
-        chat_template: str | None,
+        chat_renderer: ChatPromptRenderer,
     ) -> None:
         self.engine = engine
         self.models = models
         self.prompts = prompts
-        self.chat_template = chat_template
+        self.chat_renderer = chat_renderer
 
     async def tokenize(self, request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
         self.models.check_model(request.model)
         # Off the event loop, and bounded as prompts are: /tokenize of a text that cannot fit the context
         # would only build a huge answer.
         if isinstance(request, TokenizeChatRequest):
-            text = await asyncio.to_thread(
-                render_chat_prompt,
-                self.engine.tokenizer,
+            text = await self.chat_renderer.render(
                 request.messages,
-                request.chat_template or self.chat_template,
+                request.chat_template,
                 request.add_generation_prompt,
                 request.continue_final_message,
                 request.chat_template_kwargs,
