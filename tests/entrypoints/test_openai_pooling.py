@@ -1,12 +1,13 @@
 """The pooling endpoints end to end: real servers on tiny random BERT models (an embedding model with
 sentence-transformers' modules, and a cross-encoder), the official openai client, and references from
-sentence-transformers / transformers on the same weights."""
+sentence-transformers / transformers on the same weights. The servers run in the machine's default dtype;
+the references in float32, within what that dtype's rounding does to them (`dtype_tolerance`)."""
 
 from __future__ import annotations
 
 import base64
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -14,8 +15,12 @@ import numpy as np
 import openai
 import pytest
 import torch
+import torch.nn.functional as F
+from dtype_tolerance import assert_close_in_dtype, in_dtype
 from remote_server import RemoteServer
 from transformers import AutoTokenizer
+
+from pagedllm.config.model import ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from tiny_pooling_models import make_tiny_bert, make_tiny_cross_encoder  # noqa: E402
@@ -48,11 +53,23 @@ def client(embed_server: RemoteServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{embed_server.url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+def _served_dtype(model: Path) -> torch.dtype:
+    """What `dtype=auto` (the server's default) resolves to for `model` on this machine."""
+    return ModelConfig(model=str(model)).dtype
+
+
 @pytest.fixture(scope="module")
-def reference(embed_model: Path) -> np.ndarray:
+def encode(embed_model: Path) -> Callable[[torch.dtype], torch.Tensor]:
+    """sentence-transformers' embeddings of SENTENCES, computed in the given dtype."""
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(embed_model), device="cpu").encode(SENTENCES)
+    model = SentenceTransformer(str(embed_model), device="cpu")
+    return lambda dtype: in_dtype(model, dtype).encode(SENTENCES, convert_to_tensor=True).float()
+
+
+@pytest.fixture(scope="module")
+def reference(encode: Callable[[torch.dtype], torch.Tensor]) -> np.ndarray:
+    return encode(torch.float32).numpy()
 
 
 def _cosines(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -86,12 +103,16 @@ def test_embeddings_token_ids_and_single_string(
 
 
 def test_embeddings_dimensions(
-    embed_server: RemoteServer, client: openai.OpenAI, reference: np.ndarray
+    embed_server: RemoteServer,
+    client: openai.OpenAI,
+    embed_model: Path,
+    encode: Callable[[torch.dtype], torch.Tensor],
 ) -> None:
     cut = client.embeddings.create(model="tiny", input=SENTENCES, dimensions=16, encoding_format="float")
-    got = np.array([d.embedding for d in cut.data])
-    expected = reference[:, :16] / np.linalg.norm(reference[:, :16], axis=-1, keepdims=True)
-    np.testing.assert_allclose(got, expected, atol=1e-4)
+    got = torch.tensor([d.embedding for d in cut.data])
+    assert_close_in_dtype(
+        got, lambda dtype: F.normalize(encode(dtype)[:, :16], dim=-1), _served_dtype(embed_model), rtol=0
+    )
     raw = httpx.post(
         f"{embed_server.url}/v1/embeddings",
         json={"input": SENTENCES[0], "dimensions": 8, "encoding_format": "base64"},
@@ -108,8 +129,12 @@ def test_pooling_and_score_on_embedding_model(embed_server: RemoteServer, refere
     score = httpx.post(
         f"{embed_server.url}/v1/score", json={"text_1": SENTENCES[0], "text_2": SENTENCES[1:]}, timeout=60
     ).json()
-    expected = _cosines(reference[1:], reference[0:1])
-    np.testing.assert_allclose([d["score"] for d in score["data"]], expected, atol=1e-5)
+    # The cosines of the server's own embeddings (those are held to the reference above and in
+    # test_embeddings_dimensions; a cosine of two rounded vectors is checked exactly this way).
+    vectors = torch.tensor([d["data"] for d in pooled["data"]], dtype=torch.float64)
+    expected = F.cosine_similarity(vectors[1:], vectors[0:1], dim=-1)
+    got = torch.tensor([d["score"] for d in score["data"]], dtype=torch.float64)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     too_many = httpx.post(
         f"{embed_server.url}/score", json={"text_1": "a", "text_2": ["b"] * 2049}, timeout=60
     )
@@ -153,9 +178,14 @@ def test_score_and_rerank_with_cross_encoder(cross_encoder: tuple[Path, torch.nn
     query = "what is paged attention?"
     documents = ["a cat sat on the mat", "it stores keys and values in blocks", "hello world"]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    with torch.no_grad():
-        batch = tokenizer([query] * 3, documents, padding=True, return_tensors="pt")
-        expected = torch.sigmoid(hf(**batch).logits[:, 0]).numpy()
+    batch = tokenizer([query] * 3, documents, padding=True, return_tensors="pt")
+    dtype = _served_dtype(path)
+
+    @torch.no_grad()
+    def scores(dtype: torch.dtype) -> torch.Tensor:
+        return torch.sigmoid(in_dtype(hf, dtype)(**batch).logits[:, 0].float())
+
+    expected = scores(torch.float32)
     remote = RemoteServer(extra_args=["--model", str(path), *POOLING_ARGS, "--api-key", KEY])
     http = httpx.Client(base_url=remote.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     try:
@@ -165,15 +195,19 @@ def test_score_and_rerank_with_cross_encoder(cross_encoder: tuple[Path, torch.nn
         for route in ("/score", "/v1/score"):
             body = http.post(route, json={"text_1": query, "text_2": documents})
             assert body.status_code == 200, body.text
-            np.testing.assert_allclose([d["score"] for d in body.json()["data"]], expected, atol=1e-5)
+            got = torch.tensor([d["score"] for d in body.json()["data"]])
+            tolerance = assert_close_in_dtype(got, scores, dtype, atol=1e-5, rtol=0)
         for route in ("/rerank", "/v1/rerank"):
             body = http.post(route, json={"query": query, "documents": documents, "top_n": 2}).json()
-            order = list(np.argsort(-expected)[:2])
-            assert [r["index"] for r in body["results"]] == order
-            assert [r["document"]["text"] for r in body["results"]] == [documents[i] for i in order]
-            np.testing.assert_allclose(
-                [r["relevance_score"] for r in body["results"]], expected[order], atol=1e-5
-            )
+            # The best two by the server's scores, each its document's score (the order of two scores
+            # within rounding of each other is the rounding's).
+            results = body["results"]
+            order = [r["index"] for r in results]
+            assert len(order) == 2 and [r["document"]["text"] for r in results] == [documents[i] for i in order]
+            relevance = torch.tensor([r["relevance_score"] for r in results])
+            torch.testing.assert_close(relevance, expected[order], atol=tolerance, rtol=0)
+            (left_out,) = set(range(len(documents))) - set(order)
+            assert relevance[0] >= relevance[1] and expected[left_out] <= expected[order[1]] + 2 * tolerance
         # A cross-encoder has no embeddings; an unknown pairing is a 400 naming the field.
         response = http.post("/v1/embeddings", json={"input": "hello"})
         assert response.status_code == 400 and "Embeddings API" in response.json()["error"]["message"]
