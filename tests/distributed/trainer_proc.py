@@ -49,3 +49,16 @@ def run_ipc_trainer(model_dir: str, infos: Any, done: Any) -> None:
     for named in updates:
         infos.put(trainer_ipc_update_info(named))
     done.get(timeout=300)
+
+
+def share_cuda_tensors(infos: Any, done: Any) -> None:
+    """Share CUDA tensors by IPC handle (a whole tensor, a strided view, a bfloat16 one), putting their
+    values and the update_info on `infos`; keep them alive until the test says `done`."""
+    base = torch.arange(48, dtype=torch.float32, device="cuda").reshape(6, 8)
+    named = [
+        ("whole", base),
+        ("view", base[1:5, ::2]),
+        ("bf16", torch.linspace(-1, 1, 10, device="cuda").to(torch.bfloat16)),
+    ]
+    infos.put(([(name, t.cpu()) for name, t in named], trainer_ipc_update_info(named)))
+    done.get(timeout=120)
