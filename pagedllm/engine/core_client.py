@@ -26,7 +26,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from pagedllm.child_process import group_signals_held
 from pagedllm.engine.core_proc import (
+    STOP_SIGNAL,
     CoreLaunch,
     InputKind,
     OutputKind,
@@ -52,6 +54,13 @@ STARTUP_TIMEOUT_S = 900.0
 _TERMINATE_TIMEOUT_S = 10.0
 
 
+def send_stop(process: BaseProcess) -> None:
+    """Ask an engine core process to stop (it ignores SIGTERM, which the whole process group gets)."""
+    if process.pid is not None and process.is_alive():
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            os.kill(process.pid, STOP_SIGNAL)
+
+
 class EngineDeadError(RuntimeError):
     """The engine core process is gone: no request can be served any more."""
 
@@ -71,11 +80,16 @@ class EngineCoreProcess:
         self.process: BaseProcess = mp.Process(
             target=run_engine_core_process, args=(receiver,), name="EngineCore", daemon=True
         )
-        self.process.start()
+        with group_signals_held():
+            self.process.start()
         receiver.close()
 
     def launch(
-        self, engine_config: EngineConfig, input_addr: str, output_addr: str, environ: dict[str, str] | None = None
+        self,
+        engine_config: EngineConfig,
+        input_addr: str,
+        output_addr: str,
+        environ: dict[str, str] | None = None,
     ) -> None:
         """Hand the process its configuration; ``environ``: variables of this core only (its devices)."""
         launch = CoreLaunch(
@@ -87,10 +101,10 @@ class EngineCoreProcess:
         self._sender.close()
 
     def stop(self) -> None:
-        """End the process if it still runs; for one never launched (it has no SIGTERM handler yet, so
-        SIGTERM ends it at once). A launched core is stopped by `AsyncMPClient.shutdown`."""
+        """End the process if it still runs; for one never launched (`STOP_SIGNAL` ends it at once). A
+        launched core is stopped by `AsyncMPClient.shutdown`."""
         self._sender.close()
-        self.process.terminate()
+        send_stop(self.process)
         self.process.join()
 
 
@@ -277,7 +291,9 @@ class AsyncMPClient:
             future.set_result(result.result)
         else:
             error = result.error
-            future.set_exception(RequestError(result.param, error) if result.bad_request else RuntimeError(error))
+            future.set_exception(
+                RequestError(result.param, error) if result.bad_request else RuntimeError(error)
+            )
 
     async def get_output_async(self) -> EngineCoreOutputs:
         """The next outputs of the core; raises EngineDeadError once the core is gone."""
@@ -290,21 +306,22 @@ class AsyncMPClient:
         return item
 
     def terminate(self) -> None:
-        """Ask the core to stop (SIGTERM) without waiting for it; `shutdown` then waits. Several cores
-        asked first stop together rather than one after the other."""
+        """Ask the core to stop (`STOP_SIGNAL`) without waiting for it; `shutdown` then waits. Several
+        cores asked first stop together rather than one after the other."""
         if not self._closed and self.process.is_alive():
             self._terminating = True
-            self.process.terminate()
+            send_stop(self.process)
 
     def shutdown(self) -> None:
-        """Stop the core process (SIGTERM, then SIGKILL if it does not exit) and release the sockets."""
+        """Stop the core process (`STOP_SIGNAL`, then SIGKILL if it does not exit) and release the
+        sockets."""
         if self._closed:
             return
         self._closed = True
         if self._reader_task is not None:
             self._reader_task.cancel()
         if self.process.is_alive():
-            self.process.terminate()
+            send_stop(self.process)
             self.process.join(_TERMINATE_TIMEOUT_S)
             if self.process.is_alive():
                 logger.warning("The engine core did not exit within %.0f s; killing it", _TERMINATE_TIMEOUT_S)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 import zmq
 
+from pagedllm.child_process import init_child_process
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
 from pagedllm.errors import ErrorReport
 
@@ -43,6 +44,9 @@ logger = logging.getLogger("pagedllm.engine.core_proc")
 
 # How often an idle core wakes up to check for shutdown and for a dead parent (seconds).
 _IDLE_POLL_S = 0.2
+# How a front-end stops its core: SIGTERM and SIGINT go to the whole process group, and the core ignores
+# them (`pagedllm.child_process`).
+STOP_SIGNAL = signal.SIGUSR1
 
 
 class InputKind(bytes, enum.Enum):
@@ -86,7 +90,7 @@ class StartupInfo(msgspec.Struct):
 
 
 class _Shutdown(Exception):
-    """Raised in the busy loop by SIGTERM, or when the parent process is gone."""
+    """Raised in the busy loop by `STOP_SIGNAL`, or when the parent process is gone."""
 
 
 class EngineCoreProc:
@@ -204,14 +208,16 @@ class EngineCoreProc:
             result = self.core.call_utility(call.method, call.args, call.kwargs)
             # Encoded here, not on the output thread: a result msgpack cannot carry becomes an error.
             return UtilityResult(call.call_id, result=msgspec.to_builtins(result))
-        except _Shutdown:  # SIGTERM during a long call (a weight transfer waiting for its trainer)
+        except _Shutdown:  # stopped during a long call (a weight transfer waiting for its trainer)
             raise
         except Exception as e:
             bad_request = isinstance(e, ValueError)
             if not bad_request:
                 logger.exception("engine utility %s failed", call.method)
             report = ErrorReport.of(e)
-            return UtilityResult(call.call_id, error=report.message, bad_request=bad_request, param=report.param)
+            return UtilityResult(
+                call.call_id, error=report.message, bad_request=bad_request, param=report.param
+            )
 
     def _process_engine_step(self) -> None:
         if self.core.has_unfinished_requests():
@@ -301,10 +307,9 @@ def _preload(launch_conn: Connection) -> None:
 
 def run_engine_core_process(launch_conn: Connection) -> None:
     """Entry point of the engine core process (spawned by `EngineCoreProcess` before the configuration
-    exists): prepare what the core will need until the `CoreLaunch` arrives, then run the core."""
-    # SIGINT (Ctrl-C) reaches the whole process group: the API server decides how to drain and then
-    # stops us with SIGTERM, so the core ignores SIGINT itself.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exists): prepare what the core will need until the `CoreLaunch` arrives, then run the core. Until
+    then `STOP_SIGNAL` ends it at once (its default action)."""
+    init_child_process()
     _preload(launch_conn)
     try:
         launch: CoreLaunch = launch_conn.recv()
@@ -317,8 +322,8 @@ def run_engine_core_process(launch_conn: Connection) -> None:
 
 
 def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: str, parent_pid: int) -> None:
-    """Build the EngineCore and serve the front-end until SIGTERM or the parent's death."""
-    signal.signal(signal.SIGTERM, _raise_shutdown)
+    """Build the EngineCore and serve the front-end until `STOP_SIGNAL` or the parent's death."""
+    signal.signal(STOP_SIGNAL, _raise_shutdown)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [engine core] %(message)s")
     proc: EngineCoreProc | None = None
     exit_code = 0
@@ -342,8 +347,8 @@ def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: s
             proc.send_failure(message)
     finally:
         if proc is not None:
-            # A second SIGTERM must not interrupt the clean-up.
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            # A second stop must not interrupt the clean-up.
+            signal.signal(STOP_SIGNAL, signal.SIG_IGN)
             proc.shutdown()
     logging.shutdown()
     # Leave at once: no atexit handlers of libraries that may block on threads we no longer serve.

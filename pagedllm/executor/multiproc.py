@@ -5,8 +5,9 @@ call (a step's scheduler output included) is pickled and written once, and every
 Each worker answers on its own pipe; `collective_rpc` waits on those pipes and on the processes'
 sentinels together, so a worker that dies turns the call into an error naming its rank at once
 (within the ~50 ms polling of the queue), never a hang. The workers are started with `spawn` (a
-fresh interpreter: no forked torch or CUDA state), die with the engine process (Linux
-`PR_SET_PDEATHSIG`), and are joined, then killed if they do not exit, at shutdown.
+fresh interpreter: no forked torch or CUDA state), ignore the process group's SIGTERM and SIGINT
+(`pagedllm.child_process`), die with the engine process (Linux `PR_SET_PDEATHSIG`), and are joined, then killed
+if they do not exit, at shutdown.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from pagedllm import envs
+from pagedllm.child_process import group_signals_held, init_child_process
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
 from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
@@ -70,6 +72,7 @@ def worker_main(
     engine_config: Any, rank: int, init_method: str, handle: QueueHandle, conn: Connection
 ) -> None:
     """A worker process: build the worker, then run the calls the queue brings until shutdown."""
+    init_child_process()
     _die_with_parent()
     logger.info("worker %d started", rank)
     # Imported here: the spawned interpreter loads torch and the model code only in the workers.
@@ -159,7 +162,8 @@ class MultiprocExecutor(Executor):
                 name=f"pagedllm-worker-{rank}",
                 daemon=True,
             )
-            proc.start()
+            with group_signals_held():
+                proc.start()
             theirs.close()
             self.procs.append(proc)
             self.conns.append(ours)

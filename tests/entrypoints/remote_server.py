@@ -136,6 +136,10 @@ class RemoteServer:
     def send_signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def send_group_signal(self, sig: int) -> None:
+        """To the server and every process it started, as systemd, `docker stop` or Ctrl-C do."""
+        os.killpg(self.proc.pid, sig)
+
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)
 

@@ -520,11 +520,14 @@ def test_sigint_without_grace_aborts_and_exits(server: RemoteServer) -> None:
     while not chunks and time.monotonic() < deadline:
         time.sleep(0.05)
     assert chunks, server.log_tail()
-    # shutdown_timeout defaults to 0: the request is aborted at once, with an error event, and the server
-    # exits with 0.
-    server.send_signal(signal.SIGINT)
+    # Ctrl-C in a terminal: SIGINT to the whole process group. shutdown_timeout defaults to 0: the request
+    # is aborted at once, with an error event, and the server exits with 0; the engine core ignored the
+    # group's signal and was stopped by the server.
+    server.send_group_signal(signal.SIGINT)
     assert server.wait(60) == 0, server.log_tail()
     thread.join(30)
     assert not thread.is_alive()
     assert chunks[-1] == "data: [DONE]" and "shutting down" in chunks[-2]
     assert server.leftover_children() == []
+    log = server.log_text()
+    assert "Traceback" not in log and "leaked semaphore" not in log and "died" not in log, log[-4000:]

@@ -120,6 +120,7 @@ def test_a_killed_core_fails_requests_with_its_name_and_stops_the_server(
     dp_server: RemoteServer, model_dir: Path
 ) -> None:
     outcomes: dict[int, Any] = {}
+    failed_at: dict[int, float] = {}
     chunks = [0] * 4
 
     def stream(index: int) -> None:
@@ -131,7 +132,7 @@ def test_a_killed_core_fails_requests_with_its_name_and_stops_the_server(
                 for line in response.iter_lines():
                     chunks[index] += 1
                     if "error" in line:
-                        outcomes[index] = line
+                        outcomes[index], failed_at[index] = line, time.monotonic()
                         return
             outcomes[index] = "ended normally"
         except httpx.HTTPError as e:
@@ -150,9 +151,10 @@ def test_a_killed_core_fails_requests_with_its_name_and_stops_the_server(
     for thread in threads:
         thread.join(30)
         assert not thread.is_alive(), "a request hung after a core died"
-    assert time.monotonic() - killed_at < 10
     errors = [str(o) for o in outcomes.values() if o != "ended normally"]
     assert errors, outcomes
+    # The requests on the dead core failed within 5 s of its death.
+    assert max(failed_at.values()) - killed_at < 5, (failed_at, killed_at)
     assert all("Engine core 1 (data parallel rank 1" in e for e in errors), errors
     # The engine is dead: /health says so until the server is gone, then nothing answers.
     try:

@@ -71,7 +71,7 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
                     outcome["chunks"] = int(outcome.get("chunks", 0)) + 1  # type: ignore[call-overload]
                 outcome["ended"] = "normally"
             except Exception as e:  # the stream breaks off with an error event
-                outcome["ended"] = repr(e)
+                outcome["ended"], outcome["ended_at"] = repr(e), time.monotonic()
 
         def full_long() -> None:
             try:
@@ -80,7 +80,7 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
                 )
                 outcome["full"] = "normally"
             except openai.APIStatusError as e:
-                outcome["full"] = e.status_code
+                outcome["full"], outcome["full_at"] = e.status_code, time.monotonic()
 
         threads = [threading.Thread(target=stream_long), threading.Thread(target=full_long)]
         for thread in threads:
@@ -97,6 +97,8 @@ def test_api_key_then_engine_killed(tmp_path: Path) -> None:
         assert outcome["ended"] != "normally"
         assert "engine" in str(outcome["ended"]).lower()
         assert outcome["full"] == 503
+        # Both failed within 5 s of the death.
+        assert max(outcome["ended_at"], outcome["full_at"]) - killed_at < 5  # type: ignore[operator]
         # Then the server exits with an error status on its own (a supervisor restarts it), soon.
         assert server.wait(30) != 0
         assert time.monotonic() - killed_at < 15
@@ -124,7 +126,9 @@ def test_killed_worker_fails_requests_naming_its_rank(tmp_path: Path) -> None:
         killed = threading.Event()
 
         def stream_long() -> None:
-            with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/completions", json={**body, "stream": True}, timeout=60
+            ) as r:
                 for line in r.iter_lines():
                     if not line.startswith("data: {"):
                         continue
@@ -178,21 +182,28 @@ def test_killed_worker_fails_requests_naming_its_rank(tmp_path: Path) -> None:
         server.kill()
 
 
-def test_sigterm_drains_requests_in_flight() -> None:
+def test_sigterm_to_the_process_group_drains_requests_in_flight(tmp_path: Path) -> None:
+    """SIGTERM to the server's whole process group (systemd's KillMode=control-group, docker stop): the
+    engine core and its tensor-parallel workers ignore it, the server drains the request in flight and
+    then stops them, and exits with 0 (the core died first and the request failed before)."""
+    model = make_tiny_llm(tmp_path / "tiny")
     server = RemoteServer(
         extra_args=[
-            "--shutdown-timeout", "120", "--api-key", "flag-key", "--enable-log-requests",
-            "--disable-log-requests",
+            "--model", str(model), "--served-model-name", "tiny", "--tensor-parallel-size", "2",
+            "--distributed-executor-backend", "mp", "--shutdown-timeout", "120", "--api-key", "flag-key",
+            "--enable-log-requests", "--disable-log-requests",
         ]
     )  # fmt: skip
     try:
+        children = [server.engine_process(), *server.worker_processes()]
+        assert len(children) == 3
         result: dict[str, object] = {}
         auth = {"Authorization": "Bearer flag-key"}
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
         assert httpx.get(f"{server.url}/v1/models", headers=auth).status_code == 200
 
         def long_request() -> None:
-            body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 16, "ignore_eos": True}
+            body = {"model": "tiny", "prompt": "Count:", "max_tokens": 200, "ignore_eos": True}
             response = httpx.post(f"{server.url}/v1/completions", json=body, headers=auth, timeout=120)
             result["status"] = response.status_code
             result["body"] = response.json()
@@ -203,10 +214,10 @@ def test_sigterm_drains_requests_in_flight() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
-            if f'vllm:num_requests_running{{model_name="{MODEL_NAME}"}} 1.0' in metrics:
+            if 'vllm:num_requests_running{model_name="tiny"} 1.0' in metrics:
                 break
             time.sleep(0.05)
-        server.send_signal(signal.SIGTERM)
+        server.send_group_signal(signal.SIGTERM)
         # Draining: the listening socket is closed, so new connections are refused.
         refused = False
         deadline = time.monotonic() + 30
@@ -217,18 +228,23 @@ def test_sigterm_drains_requests_in_flight() -> None:
             except httpx.ConnectError:
                 refused = True
         assert refused
+        # The engine core and the workers got the signal too, and run on.
+        assert all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in children)
         thread.join(180)
         assert result.get("status") == 200, (result, server.log_tail())
-        assert result["body"]["usage"]["completion_tokens"] == 16  # type: ignore[index]
-        assert server.wait(60) == 0
+        assert result["body"]["usage"]["completion_tokens"] == 200  # type: ignore[index]
+        assert server.wait(60) == 0, server.log_tail()
         assert server.leftover_children() == []
-        assert "Received request" not in server.log_text()  # --disable-log-requests wins
+        log = server.log_text()
+        assert "Received request" not in log  # --disable-log-requests wins
+        assert "Traceback" not in log and "died" not in log and "leaked semaphore" not in log, log[-4000:]
     finally:
         server.kill()
 
 
-def test_no_orphans_when_stopped_while_starting_or_killed() -> None:
-    # SIGTERM while the engine core is still loading: the server exits with 0 and takes the core along.
+def test_no_orphans_when_stopped_while_starting_or_killed(tmp_path: Path) -> None:
+    # SIGTERM to the process group while the engine core is still loading: the core ignores it, the
+    # server exits with 0 and takes the core along.
     port = free_port()
     cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--port", str(port), *SERVER_ARGS]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -241,7 +257,7 @@ def test_no_orphans_when_stopped_while_starting_or_killed() -> None:
             time.sleep(0.05)
         children = parent.children(recursive=True)
         assert children
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(60) == 0
         _, alive = psutil.wait_procs(children, timeout=15)
         assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
@@ -250,9 +266,21 @@ def test_no_orphans_when_stopped_while_starting_or_killed() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
 
-    # kill -9 of the API server cannot run any clean-up: the engine core notices its parent is gone.
-    server = RemoteServer()
+    # kill -9 of the API server cannot run any clean-up: the engine core notices its parent is gone, and
+    # its workers die with it.
+    model = make_tiny_llm(tmp_path / "tiny")
+    server = RemoteServer(
+        extra_args=[
+            "--model",
+            str(model),
+            "--tensor-parallel-size",
+            "2",
+            "--distributed-executor-backend",
+            "mp",
+        ]
+    )
     try:
+        assert len(server.worker_processes()) == 2
         server.proc.kill()
         server.proc.wait(10)
         assert server.leftover_children() == []
