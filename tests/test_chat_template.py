@@ -156,3 +156,15 @@ def test_tool_calls_and_results_reach_the_template_with_dict_arguments() -> None
         apply_chat_template(tok, messages, add_generation_prompt=False)
         == "user:=Weather?;assistant:w(Oslo)=;tool:c1=sunny;"
     )
+
+
+def test_operator_and_model_templates_render_sandboxed() -> None:
+    """Templates rendered in-process (the model's, the operator's --chat-template, `LLM.chat`'s) run in
+    jinja2's ImmutableSandboxedEnvironment too: no Python internals, no mutation of the messages."""
+    from jinja2.sandbox import SecurityError
+
+    tok = SimpleNamespace(chat_template="{{ ().__class__.__base__.__subclasses__() }}")
+    with pytest.raises(SecurityError):
+        apply_chat_template(tok, [{"role": "user", "content": "Hi"}])
+    with pytest.raises(SecurityError):
+        apply_chat_template(tok, [{"role": "user", "content": "Hi"}], chat_template="{{ messages.append(1) }}")
