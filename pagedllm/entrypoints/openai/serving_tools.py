@@ -133,6 +133,10 @@ def tool_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
             ],
         },
     }
+    if request.parallel_tool_calls is False:
+        # One call is all the answer keeps: the grammar stops the list there instead of letting the
+        # model write calls that are dropped.
+        schema["maxItems"] = 1
     if definitions:
         schema["$defs"] = definitions
     return schema

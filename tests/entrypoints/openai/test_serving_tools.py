@@ -132,6 +132,15 @@ def test_required_schema_takes_lists_of_calls_of_the_given_tools() -> None:
             jsonschema.validate(bad, schema)
 
 
+def test_required_schema_takes_one_call_without_parallel_tool_calls() -> None:
+    schema = tool_schema(_request(tools=TOOLS, tool_choice="required", parallel_tool_calls=False))
+    assert schema is not None
+    one = [{"name": "get_time", "parameters": {}}]
+    jsonschema.validate(one, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(one * 2, schema)
+
+
 def test_apply_tool_choice_constrains_forced_choices_only() -> None:
     params = SamplingParams()
     apply_tool_choice(_request(tools=TOOLS, tool_choice=_named("get_weather")), params, AUTO, None)

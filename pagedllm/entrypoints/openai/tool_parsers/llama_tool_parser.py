@@ -46,10 +46,15 @@ class Llama3JsonToolParser(ToolParser):
                 parsed.content += text[pos:]
                 break
             parsed.content += text[pos:brace]
+            first = skip_ws(text, brace + 1)
+            if first < len(text) and text[first] not in '"}':
+                parsed.content += "{"  # a brace in prose or code, not a JSON object
+                pos = brace + 1
+                continue
             call, end = read_call(text, brace, ARGUMENT_KEYS)
             if end is None:
                 # An object still open: a call once its arguments began (its name is known), else held
-                # back until it closes (it may be a call, or a brace in the text).
+                # back until it closes (it may be a call, or JSON in the text).
                 if final:
                     parsed.content += text[brace:]
                 elif call is not None and call.arguments:

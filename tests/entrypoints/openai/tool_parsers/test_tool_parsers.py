@@ -60,6 +60,12 @@ CASES: list[tuple[str, str, str | None, list[tuple[str, dict[str, Any]]]]] = [
         "\n\nAnything else?",
         [("get_time", {})],
     ),
+    (
+        "llama3_json",
+        "Code: if (x) { y(); } then",
+        "Code: if (x) { y(); } then",
+        [],
+    ),
     # An object without parameters/arguments is not a call of a function named "Alice".
     ("llama3_json", '{"name": "Alice", "age": 30}', '{"name": "Alice", "age": 30}', []),
     (
@@ -368,3 +374,10 @@ def test_qwen3_coder_output_cut_inside_a_parameter() -> None:
         "<tool_call>\n<function=plan_trip>\n<parameter=days>\n2\n</parameter>\n<parameter=city>\nOs"
     )
     assert json.loads(info.tool_calls[0].function.arguments) == {"days": 2, "city": "Os"}
+
+
+def test_llama3_json_streams_braces_in_prose_at_once() -> None:
+    """Only what may be a JSON object is held back; a brace in code or prose streams on."""
+    parser = ToolParserManager.get_tool_parser("llama3_json")()
+    assert parser.extract_tool_calls_streaming("Code: if (x) { y(); ", False) == ("Code: if (x) { y(); ", [])
+    assert parser.extract_tool_calls_streaming('Code: if (x) { y(); } and {"na', False) == ("} and ", [])
