@@ -1,6 +1,6 @@
 """ModelConfig: which model, in which dtype, with which context length.
 
-Construction resolves the model source (`model_source.py`) and reads only its config (config.json, or
+Construction resolves the model source (`pagedllm.formats.model_source`) and reads only its config (config.json, or
 the GGUF header), never the weights, so a ModelConfig builds in milliseconds."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import torch
 from pydantic import Field
 
 from pagedllm import envs
-from pagedllm.config import hf_utils
-from pagedllm.config.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
-from pagedllm.config.model_source import DEFAULT_MODEL, resolve_model_source
 from pagedllm.config.pooler import resolve_pooler_config
 from pagedllm.config.quantization import CHECKPOINT_METHODS, ONLINE_METHODS
 from pagedllm.config.utils import config, hash_fields
+from pagedllm.formats import hf_utils
+from pagedllm.formats.gguf_metadata import gguf_chat_template, hf_config_from_gguf, read_gguf_header
+from pagedllm.formats.model_source import DEFAULT_MODEL, resolve_model_source
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

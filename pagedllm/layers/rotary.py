@@ -58,7 +58,7 @@ def rope_parameters_from_config(
 
 def table_length(max_position_embeddings: int, scaling: dict[str, Any] | None) -> int:
     """Positions the cos/sin table covers: the context the engine allows the model (the config's
-    derived max_model_len, `pagedllm.config.hf_utils.derived_max_model_len`). Linear, dynamic and YaRN
+    derived max_model_len, `pagedllm.formats.hf_utils.derived_max_model_len`). Linear, dynamic and YaRN
     configs keep the original length and stretch it by `factor` (YaRN from its
     `original_max_position_embeddings`); llama3 and LongRoPE configs already state the extended one."""
     if scaling is None or scaling["rope_type"] not in ("linear", "dynamic", "yarn"):

@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from config_testing import write_hf_dir
-from transformers import LlamaConfig
 
 from pagedllm.config import ModelConfig, ParallelConfig
-from pagedllm.config.gguf_metadata import SkippedArray, read_gguf_header
-from pagedllm.config.hf_utils import derived_max_model_len, rope_parameters, rope_scaling, rope_theta
-from pagedllm.config.model_source import resolve_model_source
+from pagedllm.formats.model_source import resolve_model_source
 from pagedllm.platforms import override_platform
 
 
@@ -41,13 +37,6 @@ def test_gguf_config_matches_transformers(smollm2_gguf: Path) -> None:
         reference.pop(key, None)
         ours.pop(key, None)
     assert ours == reference
-
-
-def test_gguf_header_skips_tokenizer_arrays(smollm2_gguf: Path) -> None:
-    header = read_gguf_header(smollm2_gguf)
-    tokens = header.metadata["tokenizer.ggml.tokens"]
-    assert isinstance(tokens, SkippedArray) and tokens.count == 49152
-    assert len(header.tensor_names) == 272 and "output.weight" not in header.tensor_names
 
 
 def test_gguf_dir_and_file_sources(smollm2_gguf: Path, tmp_path: Path) -> None:
@@ -166,17 +155,6 @@ def test_hf_overrides_and_untie(tmp_path: Path) -> None:
     mc = ModelConfig(model=str(path))
     mc.maybe_untie_word_embeddings()
     assert mc.hf_text_config.tie_word_embeddings is False
-
-
-def test_rope_helpers_old_and_new_style() -> None:
-    new = LlamaConfig(rope_parameters={"rope_theta": 5e5, "rope_type": "default"})
-    assert rope_theta(new) == 5e5 and rope_scaling(new) is None
-    # A transformers 4 style config: rope_theta plus a rope_scaling dict with the legacy "type" key.
-    old = SimpleNamespace(
-        rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0}, max_position_embeddings=1000
-    )
-    assert rope_parameters(old) == {"rope_theta": 1e4, "rope_type": "linear", "factor": 2.0}
-    assert derived_max_model_len(old) == (2000, "max_position_embeddings x rope factor 2.0")
 
 
 def _write_gguf(path: Path, arch: str, name: str) -> Path:

@@ -15,7 +15,7 @@ from gguf_files import llama_cpp_rope_freqs, write_llama_gguf
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PretrainedConfig
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from pagedllm.config.gguf_metadata import hf_config_from_gguf, read_gguf_header
+from pagedllm.formats.gguf_metadata import hf_config_from_gguf, read_gguf_header
 from pagedllm.models import ModelLoadError, load_model
 from pagedllm.models.loader.gguf_loader import iterate_gguf
 

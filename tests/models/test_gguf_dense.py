@@ -16,7 +16,7 @@ from gemma_gguf_files import finish_gguf
 from gguf import GGUFWriter
 from transformers import PreTrainedModel
 
-from pagedllm.config.gguf_metadata import hf_config_from_gguf, read_gguf_header
+from pagedllm.formats.gguf_metadata import hf_config_from_gguf, read_gguf_header
 from pagedllm.models import load_model
 
 # llama.cpp's names of the HF modules (per block, then top level).

@@ -13,7 +13,7 @@ from gemma_gguf_files import write_gemma_gguf
 from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-from pagedllm.config.gguf_metadata import hf_config_from_gguf, read_gguf_header
+from pagedllm.formats.gguf_metadata import hf_config_from_gguf, read_gguf_header
 from pagedllm.models import load_model
 from pagedllm.models.loader.gguf_loader import iterate_gguf
 

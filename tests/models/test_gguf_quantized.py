@@ -16,8 +16,8 @@ from perplexity import smollm2_perplexity
 from test_gguf import _transformers_tensors
 from transformers import AutoModelForCausalLM
 
-from pagedllm.config.gguf_metadata import hf_config_from_gguf, read_gguf_header
 from pagedllm.config.quantization import GGUFQuantizationConfig
+from pagedllm.formats.gguf_metadata import hf_config_from_gguf, read_gguf_header
 from pagedllm.layers.quant.gguf import GGUFLinearMethod
 from pagedllm.models import ModelLoadError, load_model
 

@@ -9,7 +9,7 @@ from attention.paged_batch import PagedBatch
 from tiny_models import VARIANTS, make_tiny_model
 from transformers import PreTrainedModel
 
-from pagedllm.config.hf_utils import derived_max_model_len
+from pagedllm.formats.hf_utils import derived_max_model_len
 from pagedllm.forward_context import set_forward_context
 from pagedllm.models import load_model
 

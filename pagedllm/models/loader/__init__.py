@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.config.model_source import download_model_files, hub_weight_patterns
 from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.distributed.parallel_state import check_tensor_parallel_size
+from pagedllm.formats.model_source import download_model_files, hub_weight_patterns
 from pagedllm.layers.quant.base import QuantizeMethodBase
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.loader.dummy import initialize_dummy_weights

@@ -29,7 +29,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from pagedllm.config.gguf_metadata import GGUFHeader, GGUFTensorInfo, read_gguf_header
+from pagedllm.formats.gguf_metadata import GGUFHeader, GGUFTensorInfo, read_gguf_header
 from pagedllm.models.loader.errors import ModelLoadError
 
 # GGUF `general.architecture` -> HF architecture name.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
-from pagedllm.config.model_source import download_model_files, hub_weight_patterns, resolve_model_source
+from pagedllm.formats.model_source import download_model_files, hub_weight_patterns, resolve_model_source
 
 
 class FakeHub:
