@@ -11,7 +11,7 @@ ValueError naming each flag.
 `allow_unsupported()` lifts the gate inside a `with` block. It exists for the algorithm tests and for
 planning tools (e.g. printing the graph sizes a speculative config would get); the engine itself calls
 `check_supported` again when it starts, so a config built under the lifted gate can never run.
-When a feature gets implemented, delete its entry from `_checks` and say so in SUPPORTED.
+When a feature gets implemented, delete its entry from its group in `_checks` and say so in SUPPORTED.
 """
 
 from __future__ import annotations
@@ -87,32 +87,52 @@ def _changed(obj: Any, names: Iterable[str] | None = None) -> list[str]:
     return changed
 
 
-def _named(prefix: str, names: list[str], what: str) -> tuple[bool, str]:
+# (enabled, the flag that enables it and what it is)
+Check = tuple[bool, str]
+
+
+def _named(prefix: str, names: list[str], what: str) -> Check:
     return bool(names), f"{', '.join(f'{prefix}.{n}' for n in names)} ({what})"
 
 
-def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
-    mc, cc, pc, sc = cfg.model_config, cfg.cache_config, cfg.parallel_config, cfg.scheduler_config
-    passes = cfg.compilation_config.pass_config
-    kv = cfg.kv_transfer_config
-    prof, wt = cfg.profiler_config, cfg.weight_transfer_config
-    wt_extra = sorted(set(wt.extra) - set(WEIGHT_TRANSFER_EXTRA)) if wt is not None else []
-    priority = cfg.kernel_config.ir_op_priority
-    kernel_providers = sorted(
-        {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
-    )
-    checks: list[tuple[bool, str]] = [
+def _checks(cfg: EngineConfig) -> list[Check]:
+    """(enabled, flag) for every feature outside SUPPORTED, grouped by sub-config, in message order."""
+    return [
         *_speculative_checks(cfg.speculative_config),
+        *_lora_checks(cfg),
+        # Features whose worker side is written for one rank (each would need per-rank sharding).
+        *_single_rank_only(cfg),
+        *_kv_transfer_checks(cfg),
+        *_feature_config_checks(cfg),
+        *_data_parallel_checks(cfg),
+        *_parallel_checks(cfg),
+        *_cache_checks(cfg),
+        *_scheduler_checks(cfg),
+        *_kernel_checks(cfg),
+        *_observability_checks(cfg),
+        *_load_checks(cfg),
+        _fusion_pass_check(cfg),
+        *_model_checks(cfg),
+    ]
+
+
+def _lora_checks(cfg: EngineConfig) -> list[Check]:
+    lora, mc = cfg.lora_config, cfg.model_config
+    return [
         (
-            cfg.lora_config is not None and cfg.lora_config.fully_sharded_loras,
+            lora is not None and lora.fully_sharded_loras,
             "lora_config.fully_sharded_loras (needs tensor parallelism)",
         ),
         (
-            cfg.lora_config is not None and mc is not None and mc.pooler_config is not None,
+            lora is not None and mc is not None and mc.pooler_config is not None,
             "lora_config with a pooling model (LoRA serves generative models)",
         ),
-        # Features whose worker side is written for one rank (each would need per-rank sharding).
-        *_single_rank_only(cfg),
+    ]
+
+
+def _kv_transfer_checks(cfg: EngineConfig) -> list[Check]:
+    kv = cfg.kv_transfer_config
+    return [
         _unregistered_connectors(cfg),
         (
             kv is not None and kv.kv_connector is not None and kv.kv_role is None,
@@ -120,10 +140,20 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "(set one of kv_producer, kv_consumer, kv_both)",
         ),
         (
-            cc.calculate_kv_scales and kv is not None and "SharedStorageConnector" in kv.connector_names(),
+            cfg.cache_config.calculate_kv_scales
+            and kv is not None
+            and "SharedStorageConnector" in kv.connector_names(),
             "cache_config.calculate_kv_scales with SharedStorageConnector (stored blocks carry the fp8 "
             "scales of the engine that stored them)",
         ),
+    ]
+
+
+def _feature_config_checks(cfg: EngineConfig) -> list[Check]:
+    """The smaller feature sub-configs (features.py and friends)."""
+    wt, reasoning = cfg.weight_transfer_config, cfg.reasoning_config
+    wt_extra = sorted(set(wt.extra) - set(WEIGHT_TRANSFER_EXTRA)) if wt is not None else []
+    return [
         (cfg.ec_transfer_config is not None, "ec_transfer_config (encoder-cache transfer)"),
         (
             cfg.ec_manager_config.manager_cls is not None,
@@ -132,12 +162,12 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.diffusion_config is not None, "diffusion_config (diffusion LLM decoding)"),
         (cfg.engram_config is not None, "engram_config (engram layers)"),
         (
-            cfg.reasoning_config is not None and not cfg.reasoning_config.reasoning_parser,
+            reasoning is not None and not reasoning.reasoning_parser,
             "reasoning_config without reasoning_parser (reasoning token budgets)",
         ),
         _named(
             "reasoning_config",
-            cfg.reasoning_config.parser_markers_differ() if cfg.reasoning_config is not None else [],
+            reasoning.parser_markers_differ() if reasoning is not None else [],
             "markers other than the reasoning parser's",
         ),
         (
@@ -148,7 +178,12 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         (cfg.aux_output_config.enabled, "aux_output_config.return_routed_experts (auxiliary outputs)"),
         (cfg.attention_config.hisparse_config is not None, "attention_config.hisparse_config (HiSparse)"),
         (cfg.offload_config.cpu_offload_gb > 0, "offload_config.cpu_offload_gb (weight offloading)"),
-        *_data_parallel_checks(cfg),
+    ]
+
+
+def _parallel_checks(cfg: EngineConfig) -> list[Check]:
+    pc = cfg.parallel_config
+    return [
         (pc.decode_context_parallel_size > 1, "parallel_config.decode_context_parallel_size > 1"),
         (pc.prefill_context_parallel_size > 1, "parallel_config.prefill_context_parallel_size > 1"),
         (pc.enable_dbo, "parallel_config.enable_dbo (dual batch overlap)"),
@@ -170,6 +205,12 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             "expert parallelism",
         ),
         (pc.enable_fault_tolerance, "parallel_config.enable_fault_tolerance (worker fault tolerance)"),
+    ]
+
+
+def _cache_checks(cfg: EngineConfig) -> list[Check]:
+    cc = cfg.cache_config
+    return [
         (cc.kv_sharing_fast_prefill, "cache_config.kv_sharing_fast_prefill"),
         (cc.use_replayssm, "cache_config.use_replayssm (Mamba state replay)"),
         (cc.mamba_block_size is not None, "cache_config.mamba_block_size (Mamba state cache)"),
@@ -182,6 +223,12 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             cc.kv_offloading_backend != "native",
             f"cache_config.kv_offloading_backend={cc.kv_offloading_backend!r} (KV offloading)",
         ),
+    ]
+
+
+def _scheduler_checks(cfg: EngineConfig) -> list[Check]:
+    sc, backend = cfg.scheduler_config, cfg.structured_outputs_config.backend
+    return [
         (sc.scheduler_cls is not None, "scheduler_config.scheduler_cls (custom schedulers)"),
         (
             sc.runner_type not in ("generate", "pooling"),
@@ -189,19 +236,33 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
         ),
         (sc.disable_chunked_mm_input, "scheduler_config.disable_chunked_mm_input (multimodal inputs)"),
         (
-            cfg.structured_outputs_config.backend in ("outlines", "lm-format-enforcer"),
-            f"structured_outputs_config.backend={cfg.structured_outputs_config.backend!r} "
-            "(only 'auto', 'xgrammar' and 'guidance')",
+            backend in ("outlines", "lm-format-enforcer"),
+            f"structured_outputs_config.backend={backend!r} (only 'auto', 'xgrammar' and 'guidance')",
         ),
+    ]
+
+
+def _kernel_checks(cfg: EngineConfig) -> list[Check]:
+    priority = cfg.kernel_config.ir_op_priority
+    providers = sorted(
+        {p for p in (*priority.rms_norm, *priority.fused_add_rms_norm) if p not in _KERNEL_PROVIDERS}
+    )
+    return [
         _named("mamba_config", _changed(cfg.mamba_config), "Mamba kernels"),
         (
             cfg.attention_config.backend not in (None, "torch_paged"),
             f"attention_config.backend={cfg.attention_config.backend!r} (only torch_paged)",
         ),
         (
-            bool(kernel_providers),
-            f"kernel_config.ir_op_priority providers {kernel_providers} (only {', '.join(_KERNEL_PROVIDERS)})",
+            bool(providers),
+            f"kernel_config.ir_op_priority providers {providers} (only {', '.join(_KERNEL_PROVIDERS)})",
         ),
+    ]
+
+
+def _observability_checks(cfg: EngineConfig) -> list[Check]:
+    prof = cfg.profiler_config
+    return [
         (
             cfg.observability_config.show_hidden_metrics_for_version is not None,
             "observability_config.show_hidden_metrics_for_version (no metrics are hidden)",
@@ -218,47 +279,57 @@ def _checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
             prof.profiler == "torch" and not prof.torch_profiler_dir,
             "profiler_config.profiler='torch' without profiler_config.torch_profiler_dir (where traces go)",
         ),
-        (
-            cfg.load_config.load_format not in _LOAD_FORMATS,
-            f"load_config.load_format={cfg.load_config.load_format!r}",
-        ),
+    ]
+
+
+def _load_checks(cfg: EngineConfig) -> list[Check]:
+    lc = cfg.load_config
+    return [
+        (lc.load_format not in _LOAD_FORMATS, f"load_config.load_format={lc.load_format!r}"),
         _named(
             "load_config.model_loader_extra_config",
-            sorted(set(cfg.load_config.model_loader_extra_config) - {"gguf_dequantize"}),
+            sorted(set(lc.model_loader_extra_config) - {"gguf_dequantize"}),
             "custom weight-loader options; supported: gguf_dequantize",
         ),
     ]
+
+
+def _fusion_pass_check(cfg: EngineConfig) -> Check:
     # MLA-only passes do nothing for the (non-MLA) models pagedllm runs; MLA models are rejected below.
     # Passes run only inside pagedllm's own compilation (VLLM_COMPILE); without it (enforce_eager, modes 0-2)
     # the level defaults may still switch them on, but nothing would apply them.
     compiled = cfg.compilation_config.mode == CompilationMode.VLLM_COMPILE
-    enabled_passes = [p for p in passes.enabled_passes() if p not in _MLA_PASSES] if compiled else []
-    checks.append(
-        (bool(enabled_passes), f"compilation_config.pass_config {', '.join(enabled_passes)} (fusion passes)")
-    )
-    if mc is not None:
-        checks += [
-            (mc.multimodal_config is not None, "model_config.multimodal_config (multimodal models)"),
-            (mc.runner == "draft", "model_config.runner='draft' (draft models of speculative decoding)"),
-            (mc.convert == "classify", "model_config.convert='classify' (classification adapters)"),
-            (mc.enable_prompt_embeds, "model_config.enable_prompt_embeds"),
-            (mc.sleep_mode_offload_cudagraph, "model_config.sleep_mode_offload_cudagraph (sleep mode)"),
-            (mc.enable_cumem_allocator, "model_config.enable_cumem_allocator (cuMem allocator)"),
-            (mc.return_sampling_mask, "model_config.return_sampling_mask (sampling replay)"),
-            (mc.enable_trace_replay, "model_config.enable_trace_replay"),
-            (bool(mc.logits_processors), "model_config.logits_processors (custom logits processors)"),
-            (bool(mc.model_weights), "model_config.model_weights (separate weight location)"),
-            (
-                mc.is_moe and mc.architecture not in _moe_architectures(),
-                f"mixture-of-experts model {mc.architecture} (supported: {', '.join(sorted(_moe_architectures()))})",
-            ),
-            (mc.is_hybrid, f"hybrid attention/SSM model {mc.architecture}"),
-            (mc.use_mla, f"MLA attention model {mc.architecture}"),
-        ]
-    return checks
+    passes = cfg.compilation_config.pass_config.enabled_passes() if compiled else []
+    enabled = [p for p in passes if p not in _MLA_PASSES]
+    return bool(enabled), f"compilation_config.pass_config {', '.join(enabled)} (fusion passes)"
 
 
-def _unregistered_connectors(cfg: EngineConfig) -> tuple[bool, str]:
+def _model_checks(cfg: EngineConfig) -> list[Check]:
+    mc = cfg.model_config
+    if mc is None:
+        return []
+    moe = _moe_architectures()
+    return [
+        (mc.multimodal_config is not None, "model_config.multimodal_config (multimodal models)"),
+        (mc.runner == "draft", "model_config.runner='draft' (draft models of speculative decoding)"),
+        (mc.convert == "classify", "model_config.convert='classify' (classification adapters)"),
+        (mc.enable_prompt_embeds, "model_config.enable_prompt_embeds"),
+        (mc.sleep_mode_offload_cudagraph, "model_config.sleep_mode_offload_cudagraph (sleep mode)"),
+        (mc.enable_cumem_allocator, "model_config.enable_cumem_allocator (cuMem allocator)"),
+        (mc.return_sampling_mask, "model_config.return_sampling_mask (sampling replay)"),
+        (mc.enable_trace_replay, "model_config.enable_trace_replay"),
+        (bool(mc.logits_processors), "model_config.logits_processors (custom logits processors)"),
+        (bool(mc.model_weights), "model_config.model_weights (separate weight location)"),
+        (
+            mc.is_moe and mc.architecture not in moe,
+            f"mixture-of-experts model {mc.architecture} (supported: {', '.join(sorted(moe))})",
+        ),
+        (mc.is_hybrid, f"hybrid attention/SSM model {mc.architecture}"),
+        (mc.use_mla, f"MLA attention model {mc.architecture}"),
+    ]
+
+
+def _unregistered_connectors(cfg: EngineConfig) -> Check:
     """KV connectors outside pagedllm's registry (NixlConnector, P2pNcclConnector, LMCacheConnectorV1, ...)."""
     kv = cfg.kv_transfer_config
     if kv is None or kv.kv_connector is None:
@@ -271,7 +342,7 @@ def _unregistered_connectors(cfg: EngineConfig) -> tuple[bool, str]:
     return bool(missing), f"kv_transfer_config.kv_connector {', '.join(missing)} (supported: {', '.join(known)})"
 
 
-def _single_rank_only(cfg: EngineConfig) -> list[tuple[bool, str]]:
+def _single_rank_only(cfg: EngineConfig) -> list[Check]:
     pc = cfg.parallel_config
     if pc.tensor_parallel_size * pc.pipeline_parallel_size == 1:
         return []
@@ -286,7 +357,7 @@ def _single_rank_only(cfg: EngineConfig) -> list[tuple[bool, str]]:
     ]
 
 
-def _data_parallel_checks(cfg: EngineConfig) -> list[tuple[bool, str]]:
+def _data_parallel_checks(cfg: EngineConfig) -> list[Check]:
     pc = cfg.parallel_config
     if pc.data_parallel_size == 1:
         return []
@@ -318,7 +389,7 @@ def check_in_process(cfg: EngineConfig) -> None:
         )
 
 
-def _speculative_checks(spec: Any) -> list[tuple[bool, str]]:
+def _speculative_checks(spec: Any) -> list[Check]:
     if spec is None:
         return []
     return [
