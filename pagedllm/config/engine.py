@@ -300,12 +300,12 @@ class EngineConfig:
 
     def validate_block_size(self) -> None:
         """Checks that need the final block size (called after the platform/worker fixed it)."""
-        from pagedllm.config.construction_checks import validate_block_size
+        from pagedllm.config.seed.checks import validate_block_size
 
         validate_block_size(self)
 
     def adjust_dcp_kv_cache_interleave_size(self, kv_cache_config: Any) -> None:
-        from pagedllm.config.construction_checks import adjust_dcp_kv_cache_interleave_size
+        from pagedllm.config.seed.checks import adjust_dcp_kv_cache_interleave_size
 
         adjust_dcp_kv_cache_interleave_size(self, kv_cache_config)
 
@@ -325,31 +325,21 @@ class EngineConfig:
     # -- after-validators (run after __post_init__, also for sub-model views) ----------------------
     @model_validator(mode="after")
     def validate_nvfp4_kv_cache_with_mla(self) -> EngineConfig:
-        mc = self.model_config
-        dtype = self.cache_config.cache_dtype
-        if mc is not None and dtype.startswith("nvfp4") and not dtype.endswith("_ds_mla") and mc.use_mla:
-            raise ValueError(
-                f"cache_dtype={dtype!r} is not supported with MLA models; use 'fp8', 'auto' or 'nvfp4_ds_mla'"
-            )
+        from pagedllm.config.seed.checks import validate_nvfp4_kv_cache_with_mla
+
+        validate_nvfp4_kv_cache_with_mla(self)
         return self
 
     @model_validator(mode="after")
     def validate_mamba_block_size(self) -> EngineConfig:
-        mc = self.model_config
-        cc = self.cache_config
-        if mc is None:
-            return self
-        if (
-            cc.mamba_block_size is not None
-            and cc.mamba_block_size != mc.max_model_len
-            and not cc.enable_prefix_caching
-        ):
-            raise ValueError("mamba_block_size can only be set together with enable_prefix_caching=True")
+        from pagedllm.config.seed.checks import validate_mamba_block_size
+
+        validate_mamba_block_size(self)
         return self
 
     @model_validator(mode="after")
     def validate_mamba_cached_kernel(self) -> EngineConfig:
-        from pagedllm.config.construction_checks import validate_replayssm
+        from pagedllm.config.seed.checks import validate_replayssm
 
         validate_replayssm(self)
         return self

@@ -77,6 +77,13 @@ def hash_all_fields_except(obj: Any, excluded: Iterable[str]) -> str:
     return hash_fields(obj, [f.name for f in dataclasses.fields(obj) if f.name not in skip])
 
 
+def get_platform() -> Any:
+    """The current platform, imported on use: the platforms package itself reads config modules."""
+    from pagedllm.platforms import current_platform
+
+    return current_platform
+
+
 def cache_root() -> Path:
     """Where pagedllm keeps its on-disk caches (compiled graphs, converted tokenizers):
     `$PAGEDLLM_CACHE_ROOT`, else `$XDG_CACHE_HOME/pagedllm`, else `~/.cache/pagedllm`."""
