@@ -1,5 +1,7 @@
-"""Typed request errors: a refusal names the request field it is about, so the server answers with that
-field in the error's ``param`` without reading the message.
+"""Typed errors that callers (the server, the CLI) map without reading messages.
+
+A request error names the request field it is about, so the server answers with that field in the
+error's ``param``; a `ModelLoadError` is a broken or unsupported model, reported as one line.
 
 `RequestError` is a ValueError, so callers that catch ValueError (the offline API's users, vLLM's habit)
 keep working. It crosses the engine-core process boundary as an `ErrorReport` (a msgspec struct): the
@@ -23,6 +25,12 @@ class RequestError(ValueError):
     def __reduce__(self) -> tuple[type[RequestError], tuple[str | None, str]]:
         # The default would call RequestError(message) with one argument.
         return (type(self), (self.param, self.message))
+
+
+class ModelLoadError(ValueError):
+    """A model cannot be loaded: missing or corrupt files (the message names the file and, where one is
+    at fault, the tensor), unsupported architecture or format. The CLI prints its message instead of a
+    traceback, and exits with 1."""
 
 
 class ErrorReport(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -29,6 +29,7 @@ import zmq.asyncio
 from pagedllm.child_process import group_signals_held
 from pagedllm.engine.core_proc import (
     STOP_SIGNAL,
+    CoreFailure,
     CoreLaunch,
     InputKind,
     OutputKind,
@@ -38,7 +39,7 @@ from pagedllm.engine.core_proc import (
     run_engine_core_process,
 )
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
-from pagedllm.errors import RequestError
+from pagedllm.errors import ModelLoadError, RequestError
 from pagedllm.runtime_dir import make_runtime_dir
 
 if TYPE_CHECKING:
@@ -189,8 +190,10 @@ class AsyncMPClient:
                     self.startup_info = msgspec.msgpack.decode(payload, type=StartupInfo)
                     return
                 if kind is OutputKind.FAILED:
-                    message = msgspec.msgpack.decode(payload, type=str)
-                    raise RuntimeError(f"{self.name} failed to start: {message}")
+                    failure = msgspec.msgpack.decode(payload, type=CoreFailure)
+                    if failure.model_load_error:
+                        raise ModelLoadError(failure.message)
+                    raise RuntimeError(f"{self.name} failed to start: {failure.message}")
                 raise RuntimeError(f"{self.name} sent {kind.name} before it was ready")
             if not self.process.is_alive():
                 raise RuntimeError(
@@ -233,8 +236,8 @@ class AsyncMPClient:
             elif kind is OutputKind.UTILITY:
                 self._resolve_utility(self._utility_decoder.decode(payload))
             elif kind is OutputKind.FAILED:
-                message = msgspec.msgpack.decode(payload, type=str)
-                self._mark_dead(f"{self.name} failed: {message}")
+                failure = msgspec.msgpack.decode(payload, type=CoreFailure)
+                self._mark_dead(f"{self.name} failed: {failure.message}")
                 return
 
     # ---------------------------------------------------------------------------------------- API

@@ -9,7 +9,7 @@ Wire format, one multipart message per item: ``[kind, payload]``.
 - front-end -> core: ``ADD`` + EngineCoreRequest, ``ABORT`` + list of request ids, ``UTILITY`` +
   UtilityCall (an engine operation by name: sleep, weight updates, profiling, worker RPCs).
 - core -> front-end: ``READY`` + StartupInfo once the core is built, ``OUTPUTS`` + EngineCoreOutputs,
-  ``UTILITY`` + UtilityResult (the call's answer, or its error), ``FAILED`` + an error text when the
+  ``UTILITY`` + UtilityResult (the call's answer, or its error), ``FAILED`` + CoreFailure when the
   core could not start or crashed (the process then exits).
 """
 
@@ -31,7 +31,7 @@ import zmq
 
 from pagedllm.child_process import init_child_process
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest, SchedulerStats
-from pagedllm.errors import ErrorReport
+from pagedllm.errors import ErrorReport, ModelLoadError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,6 +80,21 @@ class UtilityResult(msgspec.Struct):
     """Whether it raised ValueError (bad arguments, a refused update): the caller's fault."""
     param: str | None = None
     """The argument at fault, when the call raised a RequestError naming one."""
+
+
+class CoreFailure(msgspec.Struct):
+    """Why the core could not start, or stopped serving."""
+
+    message: str
+    model_load_error: bool = False
+    """The model's files are at fault (a `ModelLoadError`): the front-end raises it again, and the CLI
+    prints its message as one line instead of a traceback."""
+
+    @classmethod
+    def of(cls, error: Exception) -> CoreFailure:
+        if isinstance(error, ModelLoadError):
+            return cls(str(error), model_load_error=True)
+        return cls(f"{type(error).__name__}: {error}")
 
 
 class StartupInfo(msgspec.Struct):
@@ -241,8 +256,8 @@ class EngineCoreProc:
             idle = EngineCoreOutputs(scheduler_stats=stats, engine_index=self.engine_index)
             self.output_queue.put((OutputKind.OUTPUTS, idle))
 
-    def send_failure(self, message: str) -> None:
-        self.output_queue.put((OutputKind.FAILED, message))
+    def send_failure(self, failure: CoreFailure) -> None:
+        self.output_queue.put((OutputKind.FAILED, failure))
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -338,13 +353,16 @@ def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: s
     except _Shutdown:
         logger.info("Engine core shutting down.")
     except Exception as e:
+        # The front-end stops us once it has the failure: that must not interrupt its sending.
+        signal.signal(STOP_SIGNAL, signal.SIG_IGN)
         exit_code = 1
-        logger.error("Engine core failed:\n%s", traceback.format_exc())
-        message = f"{type(e).__name__}: {e}"
+        failure = CoreFailure.of(e)
+        if not failure.model_load_error:  # a broken model is the front-end's one line; anything else a bug
+            logger.error("Engine core failed:\n%s", traceback.format_exc())
         if proc is None:
-            _send_startup_failure(output_addr, message)
+            _send_startup_failure(output_addr, failure)
         else:
-            proc.send_failure(message)
+            proc.send_failure(failure)
     finally:
         if proc is not None:
             # A second stop must not interrupt the clean-up.
@@ -355,11 +373,11 @@ def run_engine_core(engine_config: EngineConfig, input_addr: str, output_addr: s
     os._exit(exit_code)
 
 
-def _send_startup_failure(output_addr: str, message: str) -> None:
+def _send_startup_failure(output_addr: str, failure: CoreFailure) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(output_addr)
-    sock.send_multipart([OutputKind.FAILED.value, msgspec.msgpack.encode(message)])
+    sock.send_multipart([OutputKind.FAILED.value, msgspec.msgpack.encode(failure)])
     sock.close()
     ctx.term()

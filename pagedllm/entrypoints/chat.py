@@ -17,6 +17,7 @@ from pagedllm.chat_template import apply_chat_template
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.input_processor import TokensPrompt
 from pagedllm.entrypoints.generate import add_sampling_args, sampling_params_from_args
+from pagedllm.entrypoints.startup_errors import report_startup_error
 from pagedllm.sampling_params import RequestOutputKind, SamplingParams
 
 EXIT_COMMANDS = ("/exit", "/quit")
@@ -127,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from pagedllm.engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    try:
+        engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    except (ValueError, TypeError) as e:  # a bad flag or a broken model: one line, not a traceback
+        return report_startup_error("chat", e)
     try:
         session = ChatSession(engine, params, system=args.system, chat_template=args.chat_template)
         chat_loop(session, sys.stdin, interactive=sys.stdin.isatty())

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from pagedllm.config.args import EngineArgs
+from pagedllm.entrypoints.startup_errors import report_startup_error
 from pagedllm.sampling_params import SamplingParams
 
 # Sampling flag -> (type, help). Unset flags fall back to the model's generation defaults.
@@ -102,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     from pagedllm.llm import LLM
 
-    llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
+    try:
+        llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
+    except (ValueError, TypeError) as e:  # a bad flag or a broken model: one line, not a traceback
+        return report_startup_error("generate", e)
     try:
         if args.apply_chat_template:
             outputs = llm.chat(

@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 from typing import TYPE_CHECKING
+
+from pagedllm.errors import ModelLoadError
 
 if TYPE_CHECKING:
     from pagedllm.engine.core_client import EngineCoreProcess
@@ -153,14 +154,17 @@ def run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt
         from pagedllm.config.args import EngineArgs
         from pagedllm.entrypoints.openai.api_server import run_server
+        from pagedllm.entrypoints.startup_errors import report_startup_error
 
         try:
             engine_config = EngineArgs.from_cli_args(args).create_engine_config()
         except (ValueError, TypeError) as e:
-            # Config errors name the offending option; a traceback would only bury that line.
-            print(f"pagedllm serve: error: {e}", file=sys.stderr)
-            return 2
-        return asyncio.run(run_server(args, engine_config, core_process))
+            # Config errors name the offending option or file; a traceback would only bury that line.
+            return report_startup_error("serve", e)
+        try:
+            return asyncio.run(run_server(args, engine_config, core_process))
+        except ModelLoadError as e:  # found while the engine core loads the model
+            return report_startup_error("serve", e)
     except KeyboardInterrupt:
         logging.getLogger("pagedllm.entrypoints.serve").info("Interrupted during start-up")
         return 0

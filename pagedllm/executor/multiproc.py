@@ -83,6 +83,9 @@ def worker_main(
         worker.init_device()
         worker.load_model()
         queue = MessageQueue.attach(handle, reader=rank)
+    except ValueError as e:  # a broken model (ModelLoadError) or a bad setting: reported as it is
+        conn.send(("invalid", e))
+        return
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
@@ -96,8 +99,9 @@ def worker_main(
                 result = run_worker_method(worker, method, args, kwargs)
                 conn.send(("ok", result if reply_rank in (None, rank) else None))
             except ValueError as e:
-                # The caller's mistake (a malformed adapter, a bad argument): it stays a ValueError.
-                conn.send(("invalid", str(e)))
+                # The caller's mistake (a malformed adapter, a bad argument): the engine raises it as it
+                # is, not as this worker's failure.
+                conn.send(("invalid", e))
             except Exception:
                 conn.send(("error", traceback.format_exc()))
     finally:
@@ -180,7 +184,7 @@ class MultiprocExecutor(Executor):
         pending = {self.conns[r]: r for r in ranks}
         results: dict[int, Any] = {}
         errors: list[str] = []
-        invalid: list[str] = []
+        invalid: list[ValueError] = []
         deadline = None if timeout is None else time.monotonic() + timeout
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while pending:
@@ -211,7 +215,7 @@ class MultiprocExecutor(Executor):
         if errors:
             raise RuntimeError("\n".join(errors))
         if invalid:  # every rank refuses the same arguments
-            raise ValueError(invalid[0])
+            raise invalid[0]
         return [results[r] for r in ranks]
 
     def _broadcast(self, message: tuple[Any, ...]) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagedllm.errors import ModelLoadError
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
@@ -76,6 +78,15 @@ class _Cursor:
         self.buf = buf
         self.pos = 0
 
+    def count(self, what: str, item_bytes: int, type_id: int = 10) -> int:
+        """A count (a uint64 unless `type_id` says otherwise) read from the file, refused when its items
+        (each at least `item_bytes`) could not fit in the rest of the file: a corrupt count would
+        otherwise loop for ages or overflow."""
+        value = self.scalar(type_id)
+        if value * item_bytes > len(self.buf) - self.pos:
+            raise _Corrupt(f"it claims {value} {what}, more than the file's {len(self.buf)} bytes can hold")
+        return int(value)
+
     def scalar(self, type_id: int) -> Any:
         fmt, size = _SCALARS[type_id]
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
@@ -83,8 +94,8 @@ class _Cursor:
         return value
 
     def string(self) -> str:
-        (length,) = struct.unpack_from("<Q", self.buf, self.pos)
-        start = self.pos + 8
+        length = self.count("bytes of a string", 1)
+        start = self.pos
         self.pos = start + length
         return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
 
@@ -99,35 +110,41 @@ class _Cursor:
             return self.string()
         if type_id == _ARRAY:
             item_type = self.scalar(4)
-            count = self.scalar(10)
+            count = self.count("array items", _SCALARS[item_type][1] if item_type in _SCALARS else 8)
             if count > _MAX_KEPT_ARRAY:
                 if item_type == _STRING:
                     self.skip_strings(count)
                 elif item_type in _SCALARS:
                     self.pos += count * _SCALARS[item_type][1]
                 else:
-                    raise ValueError(f"GGUF: nested array of type {item_type} cannot be skipped")
+                    raise _Corrupt(f"it has a nested array of type {item_type}, which cannot be skipped")
                 return SkippedArray(item_type, count)
             return [self.value(item_type) for _ in range(count)]
         if type_id not in _SCALARS:
-            raise ValueError(f"GGUF: unknown metadata value type {type_id}")
+            raise _Corrupt(f"unknown metadata value type {type_id}")
         return self.scalar(type_id)
+
+
+class _Corrupt(Exception):
+    """A header that cannot be what it claims; `read_gguf_header` names the file."""
 
 
 @functools.lru_cache(maxsize=16)
 def _read_header_cached(path: str, mtime_ns: int, size: int) -> GGUFHeader:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != GGUF_MAGIC:
-            raise ValueError(f"{path} is not a GGUF file (bad magic {bytes(buf[:4])!r})")
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic {bytes(buf[:4])!r})")
         cur = _Cursor(buf)
         cur.pos = 4
         version = cur.scalar(4)
         if version == 1:
-            raise ValueError(f"{path}: GGUF version 1 is not supported (re-convert the model)")
+            raise ModelLoadError(f"{path}: GGUF version 1 is not supported (re-convert the model)")
         if version not in (2, 3):
-            raise ValueError(f"{path}: unknown GGUF version {version} (supported: 2, 3)")
-        tensor_count = cur.scalar(10)
-        kv_count = cur.scalar(10)
+            raise ModelLoadError(f"{path}: unknown GGUF version {version} (supported: 2, 3)")
+        # The smallest tensor entry: an empty name, no dimension, a type and an offset.
+        tensor_count = cur.count("tensors", 8 + 4 + 4 + 8)
+        # The smallest key/value entry: an empty key, a value type and a one-byte value.
+        kv_count = cur.count("metadata entries", 8 + 4 + 1)
         metadata: dict[str, Any] = {}
         for _ in range(kv_count):
             key = cur.string()
@@ -135,7 +152,9 @@ def _read_header_cached(path: str, mtime_ns: int, size: int) -> GGUFHeader:
         raw = []
         for _ in range(tensor_count):
             name = cur.string()
-            dims = tuple(cur.scalar(10) for _ in range(cur.scalar(4)))
+            dims = tuple(
+                cur.scalar(10) for _ in range(cur.count(f"dimensions of tensor {name!r}", 8, type_id=4))
+            )
             raw.append((name, dims, cur.scalar(4), cur.scalar(10)))
         # Tensor data starts at the next multiple of the alignment after the header.
         align = int(metadata.get("general.alignment", 32))
@@ -146,11 +165,15 @@ def _read_header_cached(path: str, mtime_ns: int, size: int) -> GGUFHeader:
 
 def read_gguf_header(path: Path) -> GGUFHeader:
     """Parse (and cache per file version) the header of the GGUF file at `path`."""
-    stat = path.stat()
     try:
+        stat = path.stat()
         return _read_header_cached(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-    except (struct.error, IndexError) as e:
-        raise ValueError(f"{path}: truncated or corrupt GGUF header ({e})") from e
+    except ModelLoadError:
+        raise
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read the GGUF file ({e})") from None
+    except (struct.error, IndexError, OverflowError, ValueError, _Corrupt) as e:
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF header ({e})") from None
 
 
 # pagedllm model type -> (transformers config class name, architecture class name). Names, not classes:
@@ -279,7 +302,15 @@ def hf_config_from_gguf(header: GGUFHeader) -> PretrainedConfig:
         rope["rope_type"] = "default"
     kwargs["rope_parameters"] = rope
     sliding = meta.get(f"{arch}.attention.sliding_window")
-    if sliding is not None and model_type in ("mistral", "mixtral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"):
+    if sliding is not None and model_type in (
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen3",
+        "gemma2",
+        "gemma3",
+        "phi3",
+    ):
         kwargs["sliding_window"] = sliding
     if model_type in ("gemma2", "gemma3"):
         _gemma_kwargs(model_type, meta, kwargs)

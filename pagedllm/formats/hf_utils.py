@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pagedllm.errors import ModelLoadError
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
@@ -28,8 +30,8 @@ def load_hf_config(path: Path, trust_remote_code: bool, revision: str | None) ->
 
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, revision=revision)
-    except ValueError as e:
-        raise ValueError(f"cannot read the model config in {path}: {e}") from e
+    except (ValueError, OSError) as e:  # not JSON (transformers says OSError), an unknown model type
+        raise ModelLoadError(f"cannot read the model config in {path}: {e}") from None
 
 
 def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:

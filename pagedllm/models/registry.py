@@ -6,7 +6,7 @@ import importlib
 
 from torch import nn
 
-from pagedllm.models.loader.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 
 # Imported lazily, so asking for one architecture does not import every model file.
 _MODELS: dict[str, tuple[str, str]] = {

@@ -29,7 +29,7 @@ from pagedllm.distributed.weight_transfer import (
     init_info_args,
     specs_from_update_info,
 )
-from pagedllm.models.loader.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, read_header, safetensors_files
 from pagedllm.models.loader.weights import check_weights, load_weights
 

@@ -1,5 +1,5 @@
-"""`pagedllm generate` and `pagedllm chat` through the real console entry point (subprocesses), and the
-chat session's history handling in-process."""
+"""`pagedllm generate` and `pagedllm chat` through the real console entry point (subprocesses), the
+chat session's history handling in-process, and broken models reported as one line each."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 from tiny_llm import hf_greedy, make_tiny_llm
 
-from pagedllm.config.args import EngineArgs
-from pagedllm.engine.llm_engine import LLMEngine
-from pagedllm.entrypoints import cli
-from pagedllm.entrypoints.chat import ChatSession, chat_loop
-from pagedllm.sampling_params import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from broken_models import make_broken_models  # noqa: E402
+
+from pagedllm.config.args import EngineArgs  # noqa: E402
+from pagedllm.engine.llm_engine import LLMEngine  # noqa: E402
+from pagedllm.entrypoints import cli  # noqa: E402
+from pagedllm.entrypoints.chat import ChatSession, chat_loop  # noqa: E402
+from pagedllm.sampling_params import SamplingParams  # noqa: E402
 
 ENGINE_FLAGS = [
     "--dtype",
@@ -73,6 +76,41 @@ def test_generate_errors(
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
     assert cli.main(["generate", "hi", "--model", str(model_dir), *ENGINE_FLAGS, "--max-tokens", "500"]) == 1
     assert "max_tokens=500 is too large" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, tuple[Path, list[str]]]]:
+    root = tmp_path_factory.mktemp("broken")
+    return root / "good", make_broken_models(root)
+
+
+def _generate_broken(good: Path, path: Path) -> list[str]:
+    # GGUF files without tokenizer metadata take the tiny model's tokenizer. No flag that draws a
+    # warning: the error line is all the output.
+    return ["generate", "hi", "--model", str(path), "--max-model-len", "128", "--tokenizer", str(good)]
+
+
+def test_broken_models_are_one_line_errors(
+    broken: tuple[Path, dict[str, tuple[Path, list[str]]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each broken model: exit status 1 and one error line naming the file (and the tensor at fault);
+    before, most printed tracebacks, and a huge GGUF tensor count was a bare OverflowError."""
+    good, cases = broken
+    for name, (path, named) in cases.items():
+        assert cli.main(_generate_broken(good, path)) == 1, name
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("pagedllm generate: error: "), (name, lines)
+        assert all(words in lines[0] for words in named), (name, lines[0])
+
+
+def test_broken_model_prints_no_traceback(broken: tuple[Path, dict[str, tuple[Path, list[str]]]]) -> None:
+    good, cases = broken
+    path, named = cases["st-truncated"]
+    result = pagedllm(*_generate_broken(good, path))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if not line.startswith(("INFO", "WARNING"))]
+    assert len(errors) == 1 and all(words in errors[0] for words in named), result.stderr
 
 
 def test_chat_command(model_dir: Path) -> None:

@@ -20,7 +20,10 @@ import pytest
 from remote_server import MODEL_NAME, SERVER_ARGS, RemoteServer, free_port
 from tiny_llm import make_tiny_llm
 
-from pagedllm.runtime_dir import remove_stale_runtime_dirs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from broken_models import make_broken_models  # noqa: E402
+
+from pagedllm.runtime_dir import remove_stale_runtime_dirs  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -303,3 +306,39 @@ def test_bad_chat_template_flag_fails_before_loading_the_model(tmp_path: Path) -
     assert result.returncode == 2
     assert "--chat-template is not a valid Jinja template" in result.stderr
     assert "engine core" not in result.stderr.lower()
+
+
+def test_broken_model_is_one_error_line_and_exit_1(tmp_path: Path) -> None:
+    """A config.json whose shapes disagree with the weights, found by the tensor-parallel workers of the
+    engine core: one line naming the checkpoint and the tensor, exit 1 (it was a RuntimeError wrapping
+    the worker's traceback, after the core's own), and no process left."""
+    path, named = make_broken_models(tmp_path)["shape-mismatch"]
+    cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "serve", "--port", str(free_port())]
+    args = ["--model", str(path), "--max-model-len", "128", "--tensor-parallel-size", "2"]
+    proc = subprocess.Popen(
+        [*cmd, *args, "--distributed-executor-backend", "mp"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 1, output
+    assert "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if not line.startswith(("INFO", "WARNING"))]
+    assert len(errors) == 1 and errors[0].startswith("pagedllm serve: error: "), output
+    assert all(words in errors[0] for words in named), errors[0]
+    # Nothing of the server's is left: its process group empties (the workers and multiprocessing's
+    # resource tracker follow the engine core within moments).
+    left = [p for p in psutil.process_iter() if _pgid(p) == proc.pid]
+    _, alive = psutil.wait_procs(left, timeout=15)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def _pgid(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except ProcessLookupError:
+        return None

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from pagedllm.executor.multiproc import MultiprocExecutor, WorkerDiedError
+from pagedllm.lora.peft_loader import LoRAAdapterError
 
 
 def _exit_later(code: int, started: Any) -> None:
@@ -50,8 +51,9 @@ def test_closed_pipe_before_the_exit_names_the_rank() -> None:
 
 
 def test_a_refused_call_stays_a_value_error() -> None:
-    """Workers that refuse a call's arguments (a ValueError there: a malformed LoRA adapter) make it a
-    ValueError here too, which front-ends answer as the caller's mistake (400) rather than a failure."""
+    """Workers that refuse a call (a ValueError there: a malformed LoRA adapter, a broken model) raise
+    that error here too, which front-ends answer as the caller's mistake (400, one line) rather than as a
+    worker's failure."""
     ctx = multiprocessing.get_context("spawn")
     pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
     procs = [ctx.Process(target=time.sleep, args=(30,), daemon=True) for _ in range(2)]
@@ -59,10 +61,10 @@ def test_a_refused_call_stays_a_value_error() -> None:
         proc.start()
     try:
         for _, sender in pipes:
-            sender.send(("invalid", "LoRA adapter '/a' has no adapter_config.json"))
+            sender.send(("invalid", LoRAAdapterError("LoRA adapter '/a' has no adapter_config.json")))
         executor = SimpleNamespace(procs=procs, conns=[receiver for receiver, _ in pipes])
         executor._check_alive = lambda: MultiprocExecutor._check_alive(executor)  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="^LoRA adapter '/a' has no adapter_config.json$"):
+        with pytest.raises(LoRAAdapterError, match="^LoRA adapter '/a' has no adapter_config.json$"):
             MultiprocExecutor._collect(executor, range(2), timeout=10.0)  # type: ignore[arg-type]
     finally:
         for proc in procs:

@@ -4,6 +4,8 @@ the same dequantized weights, and clear errors for unsupported files."""
 from __future__ import annotations
 
 import copy
+import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -220,3 +222,28 @@ def test_missing_or_corrupt_gguf_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "bad.gguf").write_bytes(b"GGUF" + b"\x00" * 20)
     with pytest.raises(ModelLoadError, match="not a readable GGUF file"):
         load_model(config, tmp_path, gguf_file="bad.gguf")
+
+
+def test_corrupt_counts_are_refused_at_once(tmp_path: Path) -> None:
+    """Counts in a GGUF header bounded by the file's size: a huge tensor count was a bare OverflowError,
+    and a huge count of small items a loop for ages."""
+    path = write_llama_gguf(tmp_path / "ok.gguf", {})
+    data = path.read_bytes()
+    name = data.index(b"token_embd.weight")
+    # (offset of the count, its struct format, what the error says)
+    cases = [
+        (8, "<Q", "tensors"),
+        (16, "<Q", "metadata entries"),
+        (24, "<Q", "bytes of a string"),  # the first key's length
+        (name + len("token_embd.weight"), "<I", "dimensions of tensor 'token_embd.weight'"),
+    ]
+    for offset, fmt, what in cases:
+        bad = tmp_path / f"bad-{offset}.gguf"
+        huge = 2**32 - 1 if fmt == "<I" else 2**62
+        bad.write_bytes(data[:offset] + struct.pack(fmt, huge) + data[offset + struct.calcsize(fmt) :])
+        start = time.monotonic()
+        with pytest.raises(
+            ModelLoadError, match=rf"{bad}: truncated or corrupt GGUF header \(it claims {huge} {what}"
+        ):
+            read_gguf_header(bad)
+        assert time.monotonic() - start < 5

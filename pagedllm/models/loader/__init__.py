@@ -22,11 +22,11 @@ from torch import nn
 
 from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.distributed.parallel_state import check_tensor_parallel_size
+from pagedllm.errors import ModelLoadError
 from pagedllm.formats.model_source import download_model_files, hub_weight_patterns
 from pagedllm.layers.quant.base import QuantizeMethodBase
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.loader.dummy import initialize_dummy_weights
-from pagedllm.models.loader.errors import ModelLoadError
 from pagedllm.models.loader.gguf_loader import (
     apply_rope_freq_factors,
     gguf_architecture,
@@ -39,13 +39,23 @@ from pagedllm.models.loader.safetensors_loader import read_header as read_safete
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 
-__all__ = ["ModelLoadError", "default_dtype", "effective_quant_config", "get_model", "load_model", "reload_weights"]
+__all__ = [
+    "ModelLoadError",
+    "default_dtype",
+    "effective_quant_config",
+    "get_model",
+    "load_model",
+    "reload_weights",
+]
 
 SUPPORTED_LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 
 
 def _weights(
-    load_format: str, model_path: Path, gguf_file: Path | None, keep_packed: Callable[[str], bool] | None = None
+    load_format: str,
+    model_path: Path,
+    gguf_file: Path | None,
+    keep_packed: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Check the files exist and are readable now, then return the lazy tensor iterator (GGUF
     tensors whose packed name `keep_packed` accepts stay as stored)."""
@@ -135,8 +145,16 @@ def load_model(
     if weights is None:
         initialize_dummy_weights(model, seed)
     else:
+        checkpoint = str(gguf_path if load_format == "gguf" else model_path)
         with torch.no_grad():
-            load_weights(model, weights)
+            try:
+                load_weights(model, weights)
+            except ModelLoadError as e:
+                # Name the checkpoint (an error found while reading one of its files names that file).
+                message = str(e)
+                raise ModelLoadError(
+                    message if checkpoint in message else f"{checkpoint}: {message}"
+                ) from None
         if load_format == "gguf":
             assert gguf_path is not None
             factors = rope_freq_factors(gguf_path)
@@ -215,7 +233,11 @@ def effective_quant_config(engine_config: Any) -> Any:
     """The quantization the loaded model runs: the config's, but None for a GGUF file whose tensors
     are dequantized to the model dtype at load (the default, `gguf_dequantize`)."""
     quant_config = engine_config.quant_config
-    if quant_config is not None and quant_config.name == "gguf" and gguf_dequantize(engine_config.load_config):
+    if (
+        quant_config is not None
+        and quant_config.name == "gguf"
+        and gguf_dequantize(engine_config.load_config)
+    ):
         return None
     return quant_config
 

@@ -29,8 +29,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from pagedllm.errors import ModelLoadError
 from pagedllm.formats.gguf_metadata import GGUFHeader, GGUFTensorInfo, read_gguf_header
-from pagedllm.models.loader.errors import ModelLoadError
 
 # GGUF `general.architecture` -> HF architecture name.
 GGUF_ARCHITECTURES: dict[str, str] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from pagedllm.models.loader.errors import ModelLoadError
+from pagedllm.errors import ModelLoadError
 
 _DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from pagedllm.errors import ModelLoadError
 from pagedllm.layers.linear import default_weight_loader
-from pagedllm.models.loader.errors import ModelLoadError
 
 ShardId = str | int
 StackedParams = Sequence[tuple[str, str, ShardId]]
@@ -190,7 +190,10 @@ def load_weights(
         try:
             _load_one(param, target, tensor, shard)
         except ValueError as e:
-            raise ModelLoadError(f"checkpoint tensor {name!r}: {e}") from None
+            raise ModelLoadError(
+                f"checkpoint tensor {name!r} of shape {tuple(tensor.shape)} does not fit the model its config "
+                f"describes ({e})"
+            ) from None
         if shard is not None:
             shards_seen.setdefault(target, set()).add(shard)
         loaded.add(target)
