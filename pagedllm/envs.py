@@ -117,6 +117,12 @@ _VARS: list[EnvVar] = [
     EnvVar("HF_HUB_OFFLINE", _flag, "Never contact the Hugging Face Hub (huggingface_hub's own variable)."),
     EnvVar("CC", _str, "C compiler for the native CPU kernels; default cc, then gcc, then clang."),
     EnvVar(
+        "PAGEDLLM_KERNEL_ISA",
+        _str,
+        "Flag set of the native CPU kernels: native, avx512-bf16, avx512, avx2 or portable (one this CPU "
+        "runs); unset or auto: the best that builds.",
+    ),
+    EnvVar(
         "PYTORCH_CUDA_ALLOC_CONF",
         _str,
         "torch's CUDA allocator options; read to refuse expandable segments with KV connectors.",

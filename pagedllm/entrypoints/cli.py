@@ -40,6 +40,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "disagg-proxy": Subcommand("pagedllm.entrypoints.disagg_proxy", "Disaggregated prefill proxy."),
     "watermark": Subcommand("pagedllm.entrypoints.watermark_cmd", "Detect output watermarks."),
+    "env": Subcommand("pagedllm.entrypoints.env_cmd", "Show the CPU, kernel builds and decode paths."),
 }
 
 

@@ -1,5 +1,6 @@
 """Products of a few rows (2 to 8: a small decode batch, or one request verifying its drafted tokens)
-with a dense float32 / bfloat16 weight, streaming the weight once (skinny_gemm.c).
+with a dense float32 / bfloat16 weight, streaming the weight once (kernels/cpu/skinny_gemm.c, in the
+dense kernel library).
 
 A step of a few tokens is bound by reading the weights, as a one-token step is; torch's CPU GEMM
 instead packs the weight or runs a matrix-vector product per row for such shapes, so on an AVX2
@@ -12,16 +13,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from pagedllm.attention.backends import cpu_decode
+from pagedllm.kernels import build
 
-SOURCE = Path(__file__).with_name("skinny_gemm.c")
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
-# skinny_gemm.c's MAX_ROWS: every input row keeps one accumulator in a register during the one pass
+# skinny_gemm.h's MAX_ROWS: every input row keeps one accumulator in a register during the one pass
 # over a weight row; 8 of them and the weight chunk fit AVX2's 16 registers.
 MAX_ROWS = 8
 # Fewer rows go to torch: one row is its matrix-vector product (or Inductor's multiply-reduce), which
@@ -31,21 +30,17 @@ MIN_ROWS = 2
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = cpu_decode.load_native(
-        "skinny_gemm",
-        [SOURCE, *cpu_decode.SOURCES],
-        "few-row product kernel",
-        "few-row products use torch's GEMM",
-    )
-    if lib is None:
+    loaded = build.load(build.DENSE)
+    if loaded is None:
         return None
+    lib = loaded.cdll
     for suffix in _SUFFIXES.values():
         fn = getattr(lib, f"skinny_gemm_{suffix}")
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3]
         fn.restype = ctypes.c_int
     lib.skinny_gemm_max_rows.restype = ctypes.c_int
     if lib.skinny_gemm_max_rows() != MAX_ROWS:
-        raise RuntimeError(f"skinny_gemm.c takes {lib.skinny_gemm_max_rows()} rows, not MAX_ROWS={MAX_ROWS}")
+        raise RuntimeError(f"skinny_gemm.h takes {lib.skinny_gemm_max_rows()} rows, not MAX_ROWS={MAX_ROWS}")
     return lib
 
 

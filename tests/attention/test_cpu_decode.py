@@ -2,7 +2,8 @@
 cache it reads: requests with up to MAX_DECODE_QUERY_LEN rows (draft verification; each row of one
 request shares its key reads), at the head sizes its copies specialize and others, every cache type,
 with sliding windows and soft caps, work split over a long request's keys; and the same kernel built
-without -march=native, whose generic vector code runs where neither AVX2 nor AVX-512 does."""
+for AVX2 (8-float vectors) and without vector extensions (the generic vector code that runs where
+neither AVX2 nor AVX-512 does), whatever this machine has."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from kernel_builds import FORCED_SETS, forced_flag_set
 
 from pagedllm.attention import fp8_kv
 from pagedllm.attention.backends import cpu_decode
@@ -113,21 +115,14 @@ def test_runs_cut_to_the_query_buffer() -> None:
     _check_decode([MAX_DECODE_QUERY_LEN, 1], [40, 20], 16, 1, 256, torch.float32)
 
 
-@pytest.fixture
-def portable_kernel(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The kernel library built with the flag sets after -march=native's (no AVX on x86-64)."""
-    native = cpu_decode.kernel()
-    monkeypatch.setattr(cpu_decode, "_FLAG_SETS", cpu_decode._FLAG_SETS[1:])
-    cpu_decode.kernel.cache_clear()
-    try:
-        portable = cpu_decode.kernel()
-        assert native is not None and portable is not None and portable._name != native._name
+@pytest.fixture(params=FORCED_SETS)
+def forced_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The kernel library built with a flag set below -march=native's (AVX2, or no AVX on x86-64)."""
+    with forced_flag_set(monkeypatch, request.param):
         yield
-    finally:
-        cpu_decode.kernel.cache_clear()
 
 
 @pytest.mark.parametrize("cache_dtype", CACHES, ids=str)
-def test_portable_build_matches_reference(cache_dtype: torch.dtype, portable_kernel: None) -> None:
+def test_forced_builds_match_reference(cache_dtype: torch.dtype, forced_kernel: None) -> None:
     _check_decode(ROWS, LENGTHS, 9, 3, 64, cache_dtype)
     _check_decode(ROWS, LENGTHS, 4, 2, 32, cache_dtype, window=21, soft_cap=2.0)

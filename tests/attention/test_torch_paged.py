@@ -373,30 +373,6 @@ def test_long_decodes_at_model_shapes(
             torch.testing.assert_close(out[i : i + 1].double(), ref, atol=2e-2, rtol=0)
 
 
-def test_unbuildable_kernel_is_a_warning_not_a_crash(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, decode_path: str
-) -> None:
-    """No compiler, or a cache directory that cannot be written: a warning and no kernel (the
-    backend then keeps its tensor-op paths)."""
-    if decode_path != "native":
-        pytest.skip("the kernel's build")
-    build = cpu_decode.kernel.__wrapped__  # the uncached function
-    monkeypatch.setattr(cpu_decode.shutil, "which", lambda name: None)
-    with caplog.at_level("WARNING", logger="pagedllm.attention"):
-        assert build() is None
-    assert "no C compiler" in caplog.text
-    monkeypatch.undo()
-
-    def read_only(*args: object) -> None:
-        raise PermissionError("[Errno 13] Permission denied: '/cache/native'")
-
-    monkeypatch.setattr(cpu_decode, "_build", read_only)
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="pagedllm.attention"):
-        assert build() is None
-    assert "Permission denied" in caplog.text
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(6, 2), (6, 1)], ids=["gqa", "mqa"])

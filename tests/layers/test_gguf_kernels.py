@@ -1,6 +1,7 @@
 """The GGUF block kernels against gguf-py's reference dequantization: rows dequantized exactly, and the
 int8-activation product within its rounding of the float product; the batched (dequantized tiles +
-GEMM) path exact, its tiles spanning the parts of a fused layer; the portable (no AVX2) build the same;
+GEMM) path exact, its tiles spanning the parts of a fused layer; the AVX2 (no VNNI) and portable (no
+AVX2) builds the same;
 the op inside torch.compile; bad shapes refused."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from kernel_builds import FORCED_SETS, forced_flag_set
 
-from pagedllm.attention.backends import cpu_decode
 from pagedllm.layers.quant import gguf, gguf_native, tiles
 
 BIT_EXACT_ONE_ROW = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}
@@ -91,20 +92,15 @@ def _check_kernels(qtype: Q, monkeypatch: pytest.MonkeyPatch) -> None:
         torch.testing.assert_close(many[:, part], expected[:, part], atol=1e-4 * expected.abs().max(), rtol=0)
 
 
-def test_portable_build_matches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """gguf_kernels.c built as the loader builds it where -march=native fails (no AVX2 or F16C on
-    x86-64: the portable C path), every type against the same reference: only slower, never different."""
-    native = gguf_native.library()
-    monkeypatch.setattr(cpu_decode, "_FLAG_SETS", cpu_decode._FLAG_SETS[1:])
-    gguf_native.library.cache_clear()
-    try:
-        lib = gguf_native.library()
-        assert lib._name != native._name
-        assert lib.gguf_kernel_isa() == 0
+@pytest.mark.parametrize("flag_set", FORCED_SETS)
+def test_forced_builds_match(flag_set: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gguf_kernels.c built for AVX2 without VNNI (its multiply-adds in two instructions) and as the
+    loader builds it where no vector set compiles (no AVX2 or F16C on x86-64: the portable C path),
+    every type against the same reference: only slower, never different."""
+    with forced_flag_set(monkeypatch, flag_set):
+        assert gguf_native.isa() == {"avx2": "AVX2", "portable": "portable C"}[flag_set]
         for qtype in TYPES:
             _check_kernels(qtype, monkeypatch)
-    finally:
-        gguf_native.library.cache_clear()
 
 
 def test_row_switch_takes_the_smallest_of_the_parts_types(monkeypatch: pytest.MonkeyPatch) -> None:

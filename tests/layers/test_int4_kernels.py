@@ -1,17 +1,14 @@
 """The AWQ/GPTQ product (`int4_linear`: the native kernel for few rows, dequantized tiles + GEMM for
 many) against a plain torch dequantize + matmul of weights packed as AutoAWQ and AutoGPTQ write them;
-also the portable C build, which must be only slower, never different."""
+also its AVX2 and portable C builds whatever this machine has, which must be only slower, never
+different."""
 
 from __future__ import annotations
-
-import ctypes
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 from int4_checkpoints import act_order_g_idx, random_packed
+from kernel_builds import FORCED_SETS, forced_flag_set
 
 from pagedllm.layers.quant import int4_native
 from pagedllm.layers.quant.int4 import MATMUL_MAX_ROWS, int4_linear
@@ -60,30 +57,22 @@ def test_product_matches_dequantized_matmul(fmt: str, group: int, act_order: boo
     torch.testing.assert_close(out16.float(), x16.float() @ reference.t(), rtol=1e-2, atol=2e-2)
 
 
-def test_portable_build_matches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """int4_kernels.c compiled without -march=native (no AVX2: the portable C path)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    library = tmp_path / "int4_portable.so"
-    subprocess.run(
-        [compiler, "-O2", "-mno-avx2", "-shared", "-fPIC", "-o", str(library), str(int4_native.SOURCE)],
-        check=True,
-    )
-    lib = int4_native.bind(ctypes.CDLL(str(library)))
-    assert lib.int4_kernel_isa() == 0
-    monkeypatch.setattr(int4_native, "library", lambda: lib)
-    for fmt, group, act_order in CASES[::2]:
-        weight, perm, reference = _layer(fmt, group, act_order)
-        for rows in (1, 3):
-            x = torch.randn(rows, reference.shape[1])
-            torch.testing.assert_close(
-                int4_linear(x, *weight, perm, group), x @ reference.t(), rtol=1e-5, atol=1e-4
-            )
-        tile = torch.empty(reference.shape)
-        int4_native.dequantize_rows(Int4Weight(*weight, group), tile)
-        reordered = reference if perm is None else reference[:, perm]
-        torch.testing.assert_close(tile, reordered, rtol=1e-6, atol=1e-6)
+@pytest.mark.parametrize("flag_set", FORCED_SETS)
+def test_forced_builds_match(flag_set: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """int4_kernels.c built for AVX2 + FMA and without vector extensions (the portable C path)."""
+    with forced_flag_set(monkeypatch, flag_set):
+        assert int4_native.isa() == {"avx2": "AVX2", "portable": "portable C"}[flag_set]
+        for fmt, group, act_order in CASES[::2]:
+            weight, perm, reference = _layer(fmt, group, act_order)
+            for rows in (1, 3):
+                x = torch.randn(rows, reference.shape[1])
+                torch.testing.assert_close(
+                    int4_linear(x, *weight, perm, group), x @ reference.t(), rtol=1e-5, atol=1e-4
+                )
+            tile = torch.empty(reference.shape)
+            int4_native.dequantize_rows(Int4Weight(*weight, group), tile)
+            reordered = reference if perm is None else reference[:, perm]
+            torch.testing.assert_close(tile, reordered, rtol=1e-6, atol=1e-6)
 
 
 def test_bad_group_is_refused() -> None:

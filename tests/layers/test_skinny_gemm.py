@@ -1,12 +1,14 @@
 """The few-row product kernel against torch's `F.linear` (float64 reference), its row independence
 (a row's result is bitwise the same alone or beside others: verification scores what one-token steps
-score), and `linear`'s routing to it, eager and inside graphs traced with a dynamic row count."""
+score), also in its AVX2 and portable builds, and `linear`'s routing to it, eager and inside graphs
+traced with a dynamic row count."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_builds import FORCED_SETS, forced_flag_set
 
 from pagedllm.layers import skinny_gemm
 from pagedllm.layers.linear import linear
@@ -34,6 +36,15 @@ def test_matches_torch(dtype: torch.dtype, rows: int, k: int, n: int, with_bias:
     assert got.dtype == dtype and got.shape == (rows, n)
     scale = want.abs().max().item()
     assert (got.double() - want).abs().max().item() <= TOLERANCE[dtype] * scale
+
+
+@pytest.mark.parametrize("flag_set", FORCED_SETS)
+def test_forced_builds_match_torch(flag_set: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with forced_flag_set(monkeypatch, flag_set):
+        for dtype in (torch.float32, torch.bfloat16):
+            for k, n in ((100, 33), (7, 5)):
+                test_matches_torch(dtype, 5, k, n, True)
+            test_rows_are_independent(dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -155,7 +155,7 @@ def test_sampled_distribution_matches_plain(model_dir: Path) -> None:
 
 
 @pytest.mark.skipif(
-    not llama_decode._supports(torch.float32),
+    not llama_decode.supports_dtype(torch.float32),
     reason="the native decode path of float32 weights needs a C compiler and AVX-512 or AVX2 + FMA",
 )
 def test_compiled_verification_runs_natively_and_matches_plain(model_dir: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The native CPU paged-attention kernels (cpu_decode.c, cpu_prefill.c): build once, load, call.
+"""The native CPU paged-attention kernels (kernels/cpu/attention_decode.c, attention_prefill.c):
+bindings to the dense kernel library (`pagedllm.kernels.build`).
 
 Decode attention in tensor ops must first gather every request's key and value blocks into a batch
 (a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); the
@@ -6,85 +7,23 @@ decode kernel reads the blocks where they lie, once, with the query heads of a g
 a request (the tokens verifying its drafts) sharing each read. The prompt kernel (bfloat16) does the
 same for prompt segments, with `vdpbf16ps` scores: torch's CPU flash-attention kernel computes
 bfloat16 in float32 at a fraction of the bfloat16 GEMM rate.
-The shared object is compiled with the system C compiler (the one torch.compile needs on CPU anyway)
-into the pagedllm cache directory, keyed by the source, the flags, the compiler and the CPU, so it is
-built once per machine. Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
+Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from pagedllm import envs
 from pagedllm.attention import fp8_kv
-from pagedllm.config.utils import cache_root
-from pagedllm.platforms.cpu import CpuPlatform
+from pagedllm.kernels import build
+from pagedllm.kernels.abi import LayerArgs, StepArgs
 
-logger = logging.getLogger("pagedllm.attention")
-
-SOURCE = Path(__file__).with_name("cpu_decode.c")
-# The decode kernel and the vector helpers it #includes: every library built on the decode kernel
-# keys its build on both.
-SOURCES = (SOURCE, Path(__file__).with_name("cpu_vec.h"))
-# The kernel library's source: the prompt-attention kernel, which #includes the decode kernel.
-_LIBRARY_SOURCE = Path(__file__).with_name("cpu_prefill.c")
-# Tried in order: the best code for this CPU first, then plainer builds (a compiler without OpenMP
-# still gives a correct single-threaded kernel). Reassociation lets the compiler sum a dot product's
-# vector lanes as a tree instead of a chain of scalar adds (3x on this kernel); unlike -ffast-math it
-# changes no process-wide floating-point state.
-_MATH = ["-O3", "-fassociative-math", "-fno-signed-zeros", "-fno-trapping-math"]
-_FLAG_SETS = (
-    [*_MATH, "-march=native", "-fopenmp"],
-    [*_MATH, "-fopenmp"],
-    _MATH,
-)
-# Kernels by the activations' dtype; the cache holds that dtype or fp8 (`_CACHE_TYPES`, cpu_decode.c's enum).
+# Kernels by the activations' dtype; the cache holds that dtype or fp8 (`_CACHE_TYPES`, vec.h's enum).
 _SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _CACHE_TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
-
-
-class StepArgs(ctypes.Structure):
-    """The C kernel's per-step arguments (`StepArgs` in cpu_decode.c)."""
-
-    _fields_ = [
-        ("tables", ctypes.c_void_p),
-        ("table_stride", ctypes.c_int64),
-        ("q_rows", ctypes.c_void_p),
-        ("table_rows", ctypes.c_void_p),
-        ("seq_lens", ctypes.c_void_p),
-        ("num_reqs", ctypes.c_int64),
-        ("slots", ctypes.c_void_p),
-        ("num_slots", ctypes.c_int64),
-    ]
-
-
-class LayerArgs(ctypes.Structure):
-    """The C kernel's per-head-layout arguments (`LayerArgs` in cpu_decode.c)."""
-
-    _fields_ = [
-        ("num_heads", ctypes.c_int64),
-        ("num_kv_heads", ctypes.c_int64),
-        ("head_size", ctypes.c_int64),
-        ("block_size", ctypes.c_int64),
-        ("v_offset", ctypes.c_int64),
-        ("scale", ctypes.c_float),
-        ("window", ctypes.c_int64),
-        ("soft_cap", ctypes.c_float),
-        ("cache_type", ctypes.c_int64),
-    ]
-
 
 _DECODE_ARGTYPES = [
     ctypes.c_void_p,  # q
@@ -134,68 +73,13 @@ MAX_GROUP, MAX_HEAD, LANES = 16, 256, 16
 PREFILL_TILE = 48
 
 
-def _compiler() -> str | None:
-    for name in (envs.CC, "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _cpu_signature() -> str:
-    """What `-march=native` compiles for: a cache directory shared by machines with different CPUs
-    (a network home) must not hand one of them another's instructions."""
-    return " ".join([platform.machine(), platform.processor(), *CpuPlatform.cpu_flags()])
-
-
-def _build(compiler: str, name: str, sources: Sequence[Path]) -> Path | None:
-    text = b"".join(source.read_bytes() for source in sources)
-    for flags in _FLAG_SETS:
-        recipe = " ".join([compiler, *flags, _cpu_signature()])
-        key = hashlib.sha256(text + recipe.encode()).hexdigest()[:16]
-        target = cache_root() / "native" / f"{name}-{key}.so"
-        if target.exists():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Build beside the target and rename: concurrent processes never load a half-written file.
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        cmd = [compiler, *flags, "-shared", "-fPIC", "-o", tmp, str(sources[0])]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode == 0:
-            os.replace(tmp, target)
-            return target
-        os.unlink(tmp)
-        logger.debug("native %s: %s failed: %s", name, " ".join(cmd), result.stderr.strip())
-    return None
-
-
-def load_native(name: str, sources: Sequence[Path], what: str, otherwise: str) -> ctypes.CDLL | None:
-    """The C library `name` built from `sources[0]` (which may #include the other sources; all of
-    them key the build), or None where it cannot be built: a warning says `what` is missing and
-    what runs `otherwise`."""
-    compiler = _compiler()
-    try:
-        path = _build(compiler, name, sources) if compiler else None
-    except OSError as e:  # e.g. a read-only cache directory (set PAGEDLLM_CACHE_ROOT)
-        logger.warning("cannot build the %s: %s", what, e)
-        path = None
-    if path is None:
-        logger.warning("no C compiler could build the %s (set CC); %s", what, otherwise)
-        return None
-    return ctypes.CDLL(str(path))
-
-
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or None where it cannot be built (logged once)."""
-    lib = load_native(
-        "cpu_attention",
-        [_LIBRARY_SOURCE, *SOURCES],
-        "CPU attention kernels",
-        "attention uses tensor ops, which are slower",
-    )
-    if lib is None:
+    loaded = build.load(build.DENSE)
+    if loaded is None:
         return None
+    lib = loaded.cdll
     for suffix in _SUFFIXES.values():
         getattr(lib, f"decode_layer_{suffix}").argtypes = _DECODE_ARGTYPES
         getattr(lib, f"decode_layer_{suffix}").restype = ctypes.c_int

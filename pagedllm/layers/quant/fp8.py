@@ -7,7 +7,7 @@ one per output channel) is expanded to one per row of the fused layer, so q/k/v 
 different per-tensor scales share one product.
 
 The product (`torch.ops.pagedllm.fp8_linear`, opaque to torch.compile) widens tiles of weight rows to
-float32 (a lookup-table C kernel, fp8_kernels.c) and multiplies them with torch's GEMM (`tiles`), for
+float32 (a lookup-table C kernel, kernels/cpu/fp8_kernels.c) and multiplies them with torch's GEMM (`tiles`), for
 every step size: fp8 costs a quarter of float32's bytes to keep, but each step widens it again.
 The native single-sequence decode path instead multiplies one row by the e4m3 bytes directly
 (`fp8_matvec`, declared by `native_matvec`).
@@ -17,20 +17,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from pagedllm.attention.backends import cpu_decode
+from pagedllm.kernels import build
+from pagedllm.kernels.abi import Fp8Matvec
 from pagedllm.layers.linear import UnquantizedLinearMethod
 from pagedllm.layers.quant.base import NativeMatvec, WeightLoader, matvec_entry, set_weight_loader
-from pagedllm.layers.quant.gguf_native import QUANT_COMMON
 from pagedllm.layers.quant.tiles import tile_rows, tiled_product
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
-SOURCE = Path(__file__).with_name("fp8_kernels.c")
 # The float value of each fp8 bit pattern, the kernel's lookup table.
 _VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 
@@ -38,25 +36,13 @@ _VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The widening kernel (fp8_kernels.c), or None without a C compiler (torch's copy then widens)."""
-    lib = cpu_decode.load_native(
-        "fp8_kernels",
-        [SOURCE, QUANT_COMMON],
-        "fp8 kernels",
-        "fp8 layers widen slowly and decode through the graphs",
-    )
-    if lib is not None:
-        lib.fp8_widen_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
-        lib.fp8_widen_rows.restype = None
+    loaded = build.load(build.FP8)
+    if loaded is None:
+        return None
+    lib = loaded.cdll
+    lib.fp8_widen_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
+    lib.fp8_widen_rows.restype = None
     return lib
-
-
-class _Matvec(ctypes.Structure):
-    """`Fp8Matvec` in fp8_kernels.c."""
-
-    _fields_ = [
-        *((name, ctypes.c_void_p) for name in ("q", "scale", "table")),
-        *((name, ctypes.c_int64) for name in ("n", "k")),
-    ]
 
 
 def widen_rows(weight: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> None:
@@ -127,7 +113,7 @@ class Fp8OnlineLinearMethod(UnquantizedLinearMethod):
             return None
         weight, scale = layer.fp8_weight, layer.fp8_scale
         n, k = weight.shape
-        desc = _Matvec(weight.data_ptr(), scale.data_ptr(), _VALUES.data_ptr(), n, k)
+        desc = Fp8Matvec(weight.data_ptr(), scale.data_ptr(), _VALUES.data_ptr(), n, k)
         return matvec_entry(lib, "fp8_matvec", desc, weight, scale)
 
 

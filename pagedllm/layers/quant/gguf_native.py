@@ -1,5 +1,5 @@
-"""The GGUF block kernels (gguf_kernels.c): built like the attention kernels (`cpu_decode.load_native`:
-the system C compiler, -march=native, OpenMP, cached per source, flags and CPU), loaded with ctypes.
+"""The GGUF block kernels (kernels/cpu/gguf_kernels.c): the gguf kernel library (`pagedllm.kernels.build`),
+loaded with ctypes.
 
 `matmul` is the product of activations with the (row-concatenated) quantized shards of a layer, int8
 dot products on quantized activations; `dequantize_rows` widens rows to float32/bfloat16 (the batched
@@ -13,31 +13,26 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
-from pagedllm.attention.backends import cpu_decode
+from pagedllm.kernels import build
+from pagedllm.kernels.abi import GGUFMatvec
 from pagedllm.layers.quant import base
 
-SOURCE = Path(__file__).with_name("gguf_kernels.c")
-# Included by the source: part of the build's cache key (quant_common.h also by the other quantized kernels).
-BLOCKS = Path(__file__).with_name("gguf_blocks.h")
-QUANT_COMMON = Path(__file__).with_name("quant_common.h")
 _ISA_NAMES = {0: "portable C", 1: "AVX2", 2: "AVX2 + AVX-512 VNNI"}
 _FLOATS = (torch.float32, torch.bfloat16)
 
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    lib = cpu_decode.load_native(
-        "gguf_kernels", [SOURCE, BLOCKS, QUANT_COMMON], "GGUF block kernels", "quantized GGUF layers cannot run"
-    )
-    if lib is None:
+    loaded = build.load(build.GGUF)
+    if loaded is None:
         raise RuntimeError(
-            "the GGUF kernels could not be built (no C compiler: set CC); "
+            "the GGUF kernels could not be built (the warning logged before says why); "
             "load the model with quantization=None to run it on dequantized weights"
         )
+    lib = loaded.cdll
     lib.gguf_matmul.argtypes = [
         ctypes.c_int64,  # shards
         ctypes.c_void_p,  # their addresses
@@ -137,18 +132,6 @@ def row_bytes(qtype: int, k: int) -> int:
     return int(library().gguf_row_bytes(qtype, k))
 
 
-class _Matvec(ctypes.Structure):
-    """`GGUFMatvec` in gguf_kernels.c."""
-
-    _fields_ = [
-        ("nshards", ctypes.c_int64),
-        ("w", ctypes.c_void_p),
-        ("types", ctypes.c_void_p),
-        ("rows", ctypes.c_void_p),
-        ("k", ctypes.c_int64),
-    ]
-
-
 def matvec_entry(shards: Sequence[torch.Tensor], types: Sequence[int], k: int) -> base.NativeMatvec:
     """The native one-row product (`gguf_matvec`) of the row-concatenation of `shards`, as `matmul`
     computes it for one float32 row."""
@@ -156,5 +139,5 @@ def matvec_entry(shards: Sequence[torch.Tensor], types: Sequence[int], k: int) -
     addresses = (ctypes.c_void_p * n)(*(s.data_ptr() for s in shards))
     ctypes_types = (ctypes.c_int32 * n)(*types)
     rows = (ctypes.c_int64 * n)(*(s.shape[0] for s in shards))
-    desc = _Matvec(n, ctypes.addressof(addresses), ctypes.addressof(ctypes_types), ctypes.addressof(rows), k)
+    desc = GGUFMatvec(n, ctypes.addressof(addresses), ctypes.addressof(ctypes_types), ctypes.addressof(rows), k)
     return base.matvec_entry(library(), "gguf_matvec", desc, addresses, ctypes_types, rows, tuple(shards))

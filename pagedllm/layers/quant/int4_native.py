@@ -1,6 +1,5 @@
-"""The 4-bit group-quantized weight kernels (int4_kernels.c): built like the attention kernels
-(`cpu_decode.load_native`: the system C compiler, -march=native, OpenMP, cached per source, flags and
-CPU), loaded with ctypes.
+"""The 4-bit group-quantized weight kernels (kernels/cpu/int4_kernels.c): the int4 kernel library
+(`pagedllm.kernels.build`), loaded with ctypes.
 
 `matmul` is the decode product (float32 activations, nibbles widened in registers); `dequantize_rows`
 widens rows of the weight to float32/bfloat16 (the batched path's tiles); `matvec_entry` is the
@@ -13,16 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from pagedllm.attention.backends import cpu_decode
+from pagedllm.kernels import build
+from pagedllm.kernels.abi import Int4Matvec
 from pagedllm.layers.quant import base
-from pagedllm.layers.quant.gguf_native import QUANT_COMMON
 
-SOURCE = Path(__file__).with_name("int4_kernels.c")
 _ISA_NAMES = {0: "portable C", 1: "AVX2"}
 
 
@@ -36,8 +33,12 @@ class Int4Weight(NamedTuple):
     group: int
 
 
-def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Declare the kernels' signatures on a loaded build of int4_kernels.c."""
+@functools.cache
+def library() -> ctypes.CDLL:
+    loaded = build.load(build.INT4)
+    if loaded is None:
+        raise RuntimeError("the AWQ/GPTQ kernels could not be built (the warning logged before says why)")
+    lib = loaded.cdll
     weight = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3  # q, s, z, n, k, group
     lib.int4_matmul.argtypes = [*weight, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
     lib.int4_matmul.restype = ctypes.c_int
@@ -45,16 +46,6 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.int4_dequantize_rows.restype = ctypes.c_int
     lib.int4_kernel_isa.restype = ctypes.c_int
     return lib
-
-
-@functools.cache
-def library() -> ctypes.CDLL:
-    lib = cpu_decode.load_native(
-        "int4_kernels", [SOURCE, QUANT_COMMON], "4-bit (AWQ/GPTQ) kernels", "AWQ/GPTQ layers cannot run"
-    )
-    if lib is None:
-        raise RuntimeError("the AWQ/GPTQ kernels could not be built (no C compiler: set CC)")
-    return bind(lib)
 
 
 def isa() -> str:
@@ -91,21 +82,11 @@ def dequantize_rows(w: Int4Weight, out: torch.Tensor) -> None:
         raise ValueError(f"group size {w.group} must be a multiple of 32 dividing the width {out.shape[1]}")
 
 
-class _Matvec(ctypes.Structure):
-    """`Int4Matvec` in int4_kernels.c."""
-
-    _fields_ = [
-        *((name, ctypes.c_void_p) for name in ("q", "s", "z")),
-        *((name, ctypes.c_int64) for name in ("n", "k", "group")),
-        ("perm", ctypes.c_void_p),
-    ]
-
-
 def matvec_entry(w: Int4Weight, perm: torch.Tensor | None) -> base.NativeMatvec:
     """The native one-row product (`int4_matvec`) of `w`, its input gathered by `perm` (int64, the
     act-order permutation) first, as `int4.int4_linear` computes it for one row."""
     if perm is not None and (perm.dtype != torch.int64 or not perm.is_contiguous()):
         raise TypeError(f"the act-order permutation must be contiguous int64, not {perm.dtype}")
     n = w.qweight.shape[0]
-    desc = _Matvec(*_weight_args(w, n), perm.data_ptr() if perm is not None else None)
+    desc = Int4Matvec(*_weight_args(w, n), perm.data_ptr() if perm is not None else None)
     return base.matvec_entry(library(), "int4_matvec", desc, w, perm)

@@ -1,4 +1,5 @@
-"""Decode steps of Llama-family models in one native call (llama_decode.c), the C mirror of
+"""Decode steps of Llama-family models in one native call (kernels/cpu/llama_decode.c, in the dense
+kernel library), the C mirror of
 `pagedllm.models.llama`.
 
 A step of a few decode tokens (one sequence decoding, a few decoding together, or one request
@@ -35,7 +36,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -43,6 +43,8 @@ from torch import nn
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, native_decode_step
 from pagedllm.forward_context import get_forward_context
+from pagedllm.kernels import build
+from pagedllm.kernels.abi import LlamaLayer, LlamaModel
 from pagedllm.layers import skinny_gemm
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
@@ -52,57 +54,15 @@ from pagedllm.lora.layers import LoRALinearMethod
 
 logger = logging.getLogger("pagedllm.compile")
 
-SOURCE = Path(__file__).with_name("llama_decode.c")
-
-
-class _LlamaLayer(ctypes.Structure):
-    """`LlamaLayer` in llama_decode.c."""
-
-    _fields_ = [
-        (name, ctypes.c_void_p)
-        for name in (
-            *("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "kv_cache"),
-            *("qkv_bias", "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm"),
-        )
-    ] + [("fns", ctypes.c_void_p * 4), ("descs", ctypes.c_void_p * 4)]
-
-
-class _LlamaModel(ctypes.Structure):
-    """`LlamaModel` in llama_decode.c."""
-
-    _fields_ = [
-        *[
-            (name, ctypes.c_int64)
-            for name in (
-                "hidden",
-                "intermediate",
-                "num_heads",
-                "num_kv_heads",
-                "head_size",
-                "num_layers",
-                "vocab",
-            )
-        ],
-        ("eps", ctypes.c_float),
-        ("embedding", ctypes.c_void_p),
-        ("final_norm", ctypes.c_void_p),
-        ("layers", ctypes.c_void_p),
-    ]
-
-
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    lib = cpu_decode.load_native(
-        "llama_decode",
-        [SOURCE, skinny_gemm.SOURCE, *cpu_decode.SOURCES],
-        "native decode path",
-        "single-sequence decode steps run the compiled graphs",
-    )
-    if lib is None:
+    loaded = build.load(build.DENSE)
+    if loaded is None:
         return None
+    lib = loaded.cdll
     for suffix in _DTYPES.values():
         fn = getattr(lib, f"decode_step_{suffix}")
         fn.argtypes = (
@@ -112,7 +72,7 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def _supports(dtype: torch.dtype) -> bool:
+def supports_dtype(dtype: torch.dtype) -> bool:
     """Whether the native library built here has the dense products of weights of `dtype` (float32
     needs AVX-512 or AVX2 + FMA, bfloat16 AVX512-BF16)."""
     lib = _library()
@@ -146,7 +106,7 @@ def _unsupported(model: nn.Module) -> str | None:
         dense = [m.quant_method.dense_weight(m) is not None for m in projections]
         if any(not d and m.quant_method.native_matvec(m) is None for d, m in zip(dense, projections)):
             return "its projections are neither plain dense products nor declare a native product"
-        if any(dense) and not _supports(dtype):
+        if any(dense) and not supports_dtype(dtype):
             return (
                 f"the native library has no dense {dtype} product here (no C compiler, or no AVX-512 / "
                 "AVX2 + FMA for float32, no AVX512-BF16 for bfloat16)"
@@ -196,8 +156,8 @@ class LlamaNativeDecoder:
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
         self._tensors: list[object] = []
-        self._layers: ctypes.Array[_LlamaLayer] | None = None
-        self._model: _LlamaModel | None = None
+        self._layers: ctypes.Array[LlamaLayer] | None = None
+        self._model: LlamaModel | None = None
         self._layout: cpu_decode.DecodeLayout | None = None
         # The adapters' step state where the projections are LoRA-wrapped: this path computes the base
         # model only, so it steps aside whenever a token of the step runs an adapter.
@@ -209,7 +169,7 @@ class LlamaNativeDecoder:
         """The decoder for `model`, or None (logged) where the native path cannot run it."""
         reason = _unsupported(model)
         if reason is None and _library() is None:
-            reason = "the native library could not be built (no C compiler)"
+            reason = "the native library could not be built (no C compiler, or the kernel cache: see the warning)"
         if reason is not None:
             logger.info("single-sequence decode steps run the compiled graphs: %s", reason)
             return None
@@ -224,7 +184,7 @@ class LlamaNativeDecoder:
         self._tensors = []
 
     def _layer_tensors(self) -> tuple[list[tuple[torch.Tensor | None, ...]], list[list[NativeMatvec | None]]]:
-        """Each layer's tensors in `_LlamaLayer`'s order (None: a bias or norm the model lacks, or the
+        """Each layer's tensors in `LlamaLayer`'s order (None: a bias or norm the model lacks, or the
         weight of a quantized projection) and its projections' native products (None: dense)."""
         rows, products = [], []
         for layer in self.model.layers:
@@ -290,9 +250,9 @@ class LlamaNativeDecoder:
             return False
         # Kept alive with the table of their addresses.
         self._tensors = [*present, *(p for ps in products for p in ps if p is not None)]
-        self._layers = (_LlamaLayer * len(rows))(
+        self._layers = (LlamaLayer * len(rows))(
             *(
-                _LlamaLayer(
+                LlamaLayer(
                     *(t.data_ptr() if t is not None else None for t in row),
                     (ctypes.c_void_p * 4)(*(p.fn if p is not None else None for p in ps)),
                     (ctypes.c_void_p * 4)(*(p.desc if p is not None else None for p in ps)),
@@ -300,7 +260,7 @@ class LlamaNativeDecoder:
                 for row, ps in zip(rows, products)
             )
         )
-        self._model = _LlamaModel(
+        self._model = LlamaModel(
             self.hidden_size,
             self.intermediate_size,
             self.num_heads,

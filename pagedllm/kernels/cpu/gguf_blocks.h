@@ -6,7 +6,7 @@
 #define PAGEDLLM_GGUF_BLOCKS_H
 #include <stdint.h>
 #include <string.h>
-#include "quant_common.h"
+#include "common.h"
 
 /* ggml type ids (gguf GGMLQuantizationType). */
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11,

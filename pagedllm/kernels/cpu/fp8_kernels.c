@@ -2,10 +2,10 @@
  * table[q[r][i]] * scale[r], where `table` holds the float value of each of the 256 fp8 bit patterns
  * (computed by torch, so this file knows no fp8 format). torch's own fp8 -> float32 copy on the CPU
  * converts element by element through a slow generic path (~10 ns an element measured, against ~1 ns
- * here). Also the native decode path's one-row product (`fp8_matvec`). Built and loaded by fp8.py
- * like the other kernels (cpu_decode.py). */
+ * here). Also the native decode path's one-row product (`fp8_matvec`). Built by kernels/build.py
+ * into the fp8 kernel library; bindings: layers/quant/fp8.py. */
 #include <stdint.h>
-#include "quant_common.h"
+#include "common.h"
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define FP8_AVX2 1
 #endif
@@ -21,13 +21,15 @@ void fp8_widen_rows(const uint8_t *q, const float *scale, const float *table, in
     }
 }
 
-/* The native decode path's entry (llama_decode.c's MatvecFn): y[r] = scale[r] * sum_i table[q[r][i]] x[i]
+/* The native decode path's entry (common.h's MatvecFn): y[r] = scale[r] * sum_i table[q[r][i]] x[i]
  * for one float32 row, each weight byte read once. */
 typedef struct {
     const uint8_t *q;
     const float *scale, *table;
     int64_t n, k;
 } Fp8Matvec;
+
+EXPORT_SIZE(Fp8Matvec)
 
 #ifdef FP8_AVX2
 /* 16 e4m3 bytes as float16 bit patterns: sign to bit 15, exponent and mantissa shifted up by 7, so

@@ -1,4 +1,5 @@
-/* Float vectors for the native CPU kernels (cpu_decode.c and the files that include it), as wide as
+/* Float vectors for the attention kernels and the native decode body (cpu/attention_*.c,
+ * cpu/llama_decode.c), as wide as
  * the CPU's vector registers: 16 floats (one zmm) where the build targets AVX-512, else 8 (one ymm
  * on AVX2). A vector wider than the registers is split by the compiler into register-sized halves
  * moved through memory: with 16-float vectors on an AVX2 CPU half the decode kernel's instructions
@@ -10,18 +11,13 @@
  * AVX-512 intrinsic versions, chosen by the compiler's own target macros (a build without
  * -march=native, or for another architecture, takes the generic ones).
  */
-#ifndef PAGEDLLM_CPU_VEC_H
-#define PAGEDLLM_CPU_VEC_H
+#ifndef PAGEDLLM_KERNELS_VEC_H
+#define PAGEDLLM_KERNELS_VEC_H
 
 #include <float.h>
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX2__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
-#define INLINE static inline __attribute__((always_inline))
+#include "common.h"
 
 #ifdef __AVX512F__
 #define LANES 16
@@ -37,21 +33,6 @@ typedef int32_t int_vec __attribute__((vector_size(LANES * 4)));
 typedef uint32_t word_vec __attribute__((vector_size(LANES * 4)));
 typedef uint16_t bf16_vec __attribute__((vector_size(LANES * 2)));
 typedef uint8_t byte_vec __attribute__((vector_size(LANES)));
-
-INLINE float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-INLINE uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                          /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
 
 /* Element types: of the activations (F32 or BF16) and of the cache (any). */
 enum { F32 = 0, BF16 = 1, E4M3 = 2, E5M2 = 3 };
@@ -188,10 +169,7 @@ INLINE void store_vec(char *p, vec x, int bf16) {
 
 INLINE float hsum(vec x) {
 #if defined(VEC_AVX2)
-    const __m256 v = (__m256)x;
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    return hsum8(x);
 #elif defined(__AVX512F__)
     return _mm512_reduce_add_ps((__m512)x);
 #else

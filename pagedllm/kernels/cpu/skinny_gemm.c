@@ -11,18 +11,18 @@
  * Every output element is the same sequence of float operations whatever the number of rows (one
  * vector accumulator over the row in order, then a fixed tree over its lanes): a row's result does
  * not depend on the rows computed beside it, so verifying drafts scores exactly what one-token
- * steps score. Reassociation is switched off here for that reason (the build passes
- * -fassociative-math, which could split the accumulator differently per row count).
+ * steps score. Reassociation is switched off in this translation unit for that reason (the build
+ * passes -fassociative-math, which could split the accumulator differently per row count).
  *
- * Built by skinny_gemm.py with the flags of cpu_decode.py; loaded with ctypes.
+ * Built into the dense kernel library by kernels/build.py; bindings: layers/skinny_gemm.py.
  */
-#include "../attention/backends/cpu_decode.c"
-
-/* Scoped: llama_decode.c includes this file, and its own code keeps the build's flags. */
-#pragma GCC push_options
 #pragma GCC optimize("no-associative-math")
 
-#define MAX_ROWS 8
+#include <stdlib.h>
+
+#include "common.h"
+#include "skinny_gemm.h"
+
 /* Elements per chunk: one AVX2 register of floats. */
 #define CHUNK 8
 /* Output rows per work item: consecutive rows, so each thread streams one contiguous range. */
@@ -31,10 +31,9 @@
 /* 8 floats: one AVX2 register, whatever the build's target. One accumulator per input row:
  * 8 rows take 8 registers beside the weight chunk, so every row is served in one pass over the
  * weight row (a second pass from L1 stalled the memory stream: 5 rows cost 1.3x 4). */
-typedef float oct __attribute__((vector_size(32)));
+typedef float8 oct;
 typedef uint16_t oct_bf16 __attribute__((vector_size(16)));
 typedef uint32_t oct_words __attribute__((vector_size(32)));
-typedef float quad __attribute__((vector_size(16)));
 
 INLINE oct load_oct(const char *p, const int bf16) {
     oct f;
@@ -47,15 +46,6 @@ INLINE oct load_oct(const char *p, const int bf16) {
         memcpy(&f, p, sizeof f);
     }
     return f;
-}
-
-/* The 8 lanes summed as a fixed tree (halves, then the last four lanes pairwise). */
-INLINE float tree_sum(oct v) {
-    quad a, b;
-    memcpy(&a, &v, sizeof a);
-    memcpy(&b, (const char *)&v + sizeof a, sizeof b);
-    const quad q = a + b;
-    return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 /* Output column j of the m (a constant in each copy, so the accumulators live in registers) rows
@@ -73,8 +63,7 @@ INLINE void row_dots(const char *w_row, const float *xs, int64_t kp, const int64
         } else {
             /* The row's last k - full elements, zero-padded like the inputs. */
             float tail[CHUNK] = {0};
-            for (int64_t t = c; t < k; t++)
-                tail[t - c] = bf16 ? bf16_to_float(((const uint16_t *)w_row)[t]) : ((const float *)w_row)[t];
+            for (int64_t t = c; t < k; t++) tail[t - c] = load_elem(w_row, t, bf16);
             memcpy(&w, tail, sizeof w);
         }
 #pragma GCC unroll 8
@@ -86,9 +75,9 @@ INLINE void row_dots(const char *w_row, const float *xs, int64_t kp, const int64
     }
 #pragma GCC unroll 8
     for (int64_t r = 0; r < m; r++) {
-        float s = tree_sum(acc[r]);
-        if (bias) s += bf16 ? bf16_to_float(((const uint16_t *)bias)[j]) : ((const float *)bias)[j];
-        store_row(y, r * n + j, s, bf16);
+        float s = hsum8(acc[r]);
+        if (bias) s += load_elem(bias, j, bf16);
+        store_elem(y, r * n + j, s, bf16);
     }
 }
 
@@ -102,8 +91,7 @@ INLINE int skinny(const void *x, int64_t x_stride, const void *w, const void *bi
     if (!xs) return -2;
     for (int64_t i = 0; i < m; i++)
         for (int64_t c = 0; c < k; c++)
-            xs[i * kp + c] = bf16 ? bf16_to_float(((const uint16_t *)x)[i * x_stride + c])
-                                  : ((const float *)x)[i * x_stride + c];
+            xs[i * kp + c] = load_elem(x, i * x_stride + c, bf16);
     const int64_t blocks = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
@@ -126,9 +114,6 @@ INLINE int skinny(const void *x, int64_t x_stride, const void *w, const void *bi
     return 0;
 }
 
-/* y [m, n] = x [m, k] (row stride x_stride) W [n, k]^T (+ bias [n], or NULL), all of one element
- * type (float32 or bfloat16; sums in float, each output rounded once); W, bias and y contiguous.
- * Returns 0, or -1 for shapes outside 1 <= m <= MAX_ROWS, -2 when out of memory. */
 int skinny_gemm_f32(const void *x, int64_t x_stride, const void *w, const void *bias, void *y, int64_t m, int64_t n,
                     int64_t k) {
     return skinny(x, x_stride, w, bias, y, m, n, k, 0);
@@ -140,5 +125,3 @@ int skinny_gemm_bf16(const void *x, int64_t x_stride, const void *w, const void 
 }
 
 int skinny_gemm_max_rows(void) { return MAX_ROWS; }
-
-#pragma GCC pop_options

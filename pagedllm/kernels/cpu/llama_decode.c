@@ -2,7 +2,7 @@
  * request verifying its drafts) of a Llama-family model from their token ids to their final hidden
  * states, in one call: float32 weights (AVX-512, or AVX2 + FMA matrix-vector products) or bfloat16 ones
  * (AVX512-BF16), quantized projections through their own kernels' matrix-vector entries, the paged
- * attention kernel of cpu_decode.c.
+ * attention kernel of attention_decode.c.
  *
  * A decode step of a few tokens reads every weight once: it is bound by memory bandwidth, and
  * through compiled graphs it also pays, per layer, the Python of a graph call, its buffer
@@ -25,9 +25,12 @@
  * rotated q/k, attention output, activation, residual sums) is rounded to the element type where
  * they round it; sums and statistics run in float.
  *
- * Built by llama_decode.py with the flags of cpu_decode.py; loaded with ctypes.
+ * Built into the dense kernel library (with the attention kernels and the few-row products it
+ * calls) by kernels/build.py; bindings: models/native/llama_decode.py.
  */
-#include "../../layers/skinny_gemm.c"
+#include "attention.h"
+#include "skinny_gemm.h"
+#include "vec.h"
 
 /* Which element types this build's dense products serve: float32 needs AVX-512 or AVX2 + FMA,
  * bfloat16 AVX512-BF16 (an AVX2-only CPU has no bfloat16 dense path: such models keep the graphs,
@@ -35,7 +38,6 @@
 #ifdef __AVX512F__
 #define HAVE_F32 1
 #elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
 #define HAVE_F32 1
 #define F32_AVX2 1
 #else
@@ -46,10 +48,6 @@
 #else
 #define HAVE_BF16 0
 #endif
-
-/* A quantized projection's matrix-vector entry: y = W x for float x [in] and y [out], W described by
- * `desc` (the linear method's kernel library knows its layout); 0 on success. */
-typedef int (*MatvecFn)(const void *desc, const float *x, float *y);
 
 /* One decoder layer's parameters (contiguous, of the model's element type) and its KV cache. The
  * projections' biases and the per-head q/k norms (Qwen3) are NULL where the model has none. A
@@ -73,13 +71,13 @@ typedef struct {
     const LlamaLayer *layers;
 } LlamaModel;
 
+EXPORT_SIZE(LlamaLayer)
+EXPORT_SIZE(LlamaModel)
+
 /* Whether this build has the dense products of bfloat16 (bf16 != 0) or float32 weights. */
 int native_decode_supported(int bf16) { return bf16 ? HAVE_BF16 : HAVE_F32; }
 
-/* Element i of a float (bf16 == 0) or bfloat16 array, as a float; x rounded to the element type. */
-INLINE float get(const void *p, int64_t i, int bf16) {
-    return bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
+/* x rounded to the element type (bfloat16 where bf16 != 0, else float32). */
 INLINE float rnd(float x, int bf16) { return bf16 ? bf16_to_float(float_to_bf16(x)) : x; }
 
 #ifdef __AVX512F__
@@ -115,11 +113,7 @@ INLINE float row_dot_avx2(const float *w, const float *x, int64_t k) {
     for (; c + 8 <= k; c += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + c), _mm256_loadu_ps(x + c), a0);
     float tail = 0.0f;
     for (; c < k; c++) tail += w[c] * x[c];
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h) + tail;
+    return hsum8((float8)_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3))) + tail;
 }
 
 /* y = W x (+ bias) for float32 weights, rounded as a linear layer rounds (float32: not at all): each
@@ -163,7 +157,7 @@ INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int6
         }
         const vec sums = reduce_lanes(acc, 0);
         for (int64_t r = 0; r < rows; r++)
-            store_row(y, t * LANES + r, bias ? sums[r] + get(bias, t * LANES + r, bf16) : sums[r], bf16);
+            store_elem(y, t * LANES + r, bias ? sums[r] + load_elem(bias, t * LANES + r, bf16) : sums[r], bf16);
     }
 }
 #endif
@@ -174,14 +168,14 @@ INLINE void rms_norm(const float *v, const void *w, void *x, int64_t n, float ep
     float squares = 0.0f;
     for (int64_t i = 0; i < n; i++) squares += v[i] * v[i];
     const float inv = 1.0f / sqrtf(squares / (float)n + eps);
-    for (int64_t i = 0; i < n; i++) store_row(x, i, rnd(v[i] * inv, bf16) * get(w, i, bf16), bf16);
+    for (int64_t i = 0; i < n; i++) store_elem(x, i, rnd(v[i] * inv, bf16) * load_elem(w, i, bf16), bf16);
 }
 
 /* residual += h (if add; the residual stream is of the element type), then x = RMSNorm(residual) * w. */
 INLINE void add_rms_norm(float *residual, const void *h, const void *w, void *x, int64_t n, float eps, int add,
                          const int bf16) {
     if (add)
-        for (int64_t i = 0; i < n; i++) residual[i] = rnd(residual[i] + get(h, i, bf16), bf16);
+        for (int64_t i = 0; i < n; i++) residual[i] = rnd(residual[i] + load_elem(h, i, bf16), bf16);
     rms_norm(residual, w, x, n, eps, bf16);
 }
 
@@ -190,7 +184,7 @@ INLINE void head_norms(char *x, int64_t heads, int64_t d, const void *w, float e
     float v[MAX_HEAD];
     for (int64_t h = 0; h < heads; h++) {
         char *head = x + h * d * (bf16 ? 2 : 4);
-        for (int64_t i = 0; i < d; i++) v[i] = get(head, i, bf16);
+        for (int64_t i = 0; i < d; i++) v[i] = load_elem(head, i, bf16);
         rms_norm(v, w, head, d, eps, bf16);
     }
 }
@@ -202,9 +196,9 @@ INLINE void rotate(void *x, int64_t heads, int64_t d, const float *cos_sin, cons
     for (int64_t h = 0; h < heads; h++) {
         for (int64_t i = h * d; i < h * d + half; i++) {
             const float c = rnd(cos_sin[i - h * d], bf16), s = rnd(cos_sin[half + i - h * d], bf16);
-            const float x1 = get(x, i, bf16), x2 = get(x, i + half, bf16);
-            store_row(x, i, rnd(x1 * c, bf16) - rnd(x2 * s, bf16), bf16);
-            store_row(x, i + half, rnd(x2 * c, bf16) + rnd(x1 * s, bf16), bf16);
+            const float x1 = load_elem(x, i, bf16), x2 = load_elem(x, i + half, bf16);
+            store_elem(x, i, rnd(x1 * c, bf16) - rnd(x2 * s, bf16), bf16);
+            store_elem(x, i + half, rnd(x2 * c, bf16) + rnd(x1 * s, bf16), bf16);
         }
     }
 }
@@ -216,10 +210,10 @@ INLINE void silu_and_mul(const void *gate_up, void *out, int64_t n, const int bf
     for (int64_t i = 0; i < n; i += LANES) {
         const int64_t m = n - i < LANES ? n - i : LANES;
         vec g = {0};
-        for (int64_t j = 0; j < m; j++) g[j] = get(gate_up, i + j, bf16);
+        for (int64_t j = 0; j < m; j++) g[j] = load_elem(gate_up, i + j, bf16);
         const vec e = exp_nonpositive_vec(select_vec(g < 0.0f, g, -g));
         const vec silu = g * select_vec(g < 0.0f, e, (vec){0} + 1.0f) / (1.0f + e);
-        for (int64_t j = 0; j < m; j++) store_row(out, i + j, rnd(silu[j], bf16) * get(gate_up, n + i + j, bf16), bf16);
+        for (int64_t j = 0; j < m; j++) store_elem(out, i + j, rnd(silu[j], bf16) * load_elem(gate_up, n + i + j, bf16), bf16);
     }
 }
 
@@ -247,14 +241,14 @@ INLINE int project(const LlamaLayer *layer, int p, const void *W, const void *bi
         char *yr = (char *)y + r * n * elem;
         const float *in = (const float *)xr;
         if (bf16) {
-            for (int64_t i = 0; i < k; i++) xf[i] = get(xr, i, 1);
+            for (int64_t i = 0; i < k; i++) xf[i] = load_elem(xr, i, 1);
             in = xf;
         }
         float *out = bf16 ? yf : (float *)yr;
         if (layer->fns[p](layer->descs[p], in, out)) return -6;
         for (int64_t i = 0; i < n; i++) {
             const float v = rnd(out[i], bf16);
-            store_row(yr, i, bias ? rnd(v + get(bias, i, bf16), bf16) : v, bf16);
+            store_elem(yr, i, bias ? rnd(v + load_elem(bias, i, bf16), bf16) : v, bf16);
         }
     }
     return 0;
@@ -280,7 +274,7 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t
         const char *row = m->embedding ? (const char *)m->embedding + tokens[r] * H * elem : (const char *)out + r * H * elem;
         memcpy(h + r * H * elem, row, (size_t)(H * elem));
     }
-    for (int64_t i = 0; i < rows * H; i++) residual[i] = get(h, i, bf16);
+    for (int64_t i = 0; i < rows * H; i++) residual[i] = load_elem(h, i, bf16);
     for (int64_t l = 0; l < m->num_layers; l++) {
         const LlamaLayer *layer = m->layers + l;
         for (int64_t r = 0; r < rows; r++)
@@ -297,8 +291,9 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t
         }
         /* q, k and v are the three parts of each token's fused qkv row. The caches hold the weights'
          * type (llama_decode.py binds no fp8 cache, whose per-layer scales this table lacks). */
-        status = attend_layer(qkv, qkv_size, qkv + q_size * elem, qkv_size, qkv + (q_size + kv_size) * elem,
-                              qkv_size, layer->kv_cache, NULL, attn_out, q_size, step, attn, bf16);
+        status = (bf16 ? decode_layer_bf16 : decode_layer_f32)(qkv, qkv_size, qkv + q_size * elem, qkv_size,
+                                                               qkv + (q_size + kv_size) * elem, qkv_size,
+                                                               layer->kv_cache, NULL, attn_out, q_size, step, attn);
         if (status) return status;
         if ((status = project(layer, 1, layer->o, layer->o_bias, attn_out, h, rows, H, q_size, xf, yf, bf16)))
             return status;
@@ -321,7 +316,7 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t
  * (float [rows * hidden + max(hidden, q, intermediate) + max(hidden, q + 2 kv, 2 intermediate)]) holds
  * the residual streams and a quantized projection's float input and output; `scratch` rows * (2 *
  * hidden + (q + 2 kv) + q + 3 * intermediate) elements. The step (its decode rows, their new keys'
- * slots) and the attention layout are cpu_decode.c's. Returns 0; -4 for a token id outside the
+ * slots) and the attention layout are attention.h's. Returns 0; -4 for a token id outside the
  * vocabulary, -5 for a position outside the rotary table, -7 for a row count outside 1..MAX_ROWS, -3
  * for a dense projection this build has no product for (check native_decode_supported first), -6
  * where a quantized projection's entry failed; other non-zero values where the attention shapes are

@@ -2,10 +2,11 @@
  * the paged cache, with no gathered copy of the keys or values. A request verifying draft tokens has
  * one row per new token, each with its own length (its position + 1) over the request's block table.
  *
- * Built at run time by cpu_decode.py with the system C compiler (the one torch.compile's Inductor
- * uses on CPU) and loaded with ctypes. It links the OpenMP runtime torch has already loaded, so it
+ * Built at run time into the dense kernel library by kernels/build.py with the system C compiler (the
+ * one torch.compile's Inductor uses on CPU) and loaded with ctypes (bindings:
+ * attention/backends/cpu_decode.py). It links the OpenMP runtime torch has already loaded, so it
  * shares torch's threads instead of adding a second pool on the same cores. Vector width and
- * intrinsics follow the build's target (cpu_vec.h).
+ * intrinsics follow the build's target (vec.h).
  *
  * Layouts (element strides, contiguous unless a stride is passed):
  *   q        [rows, num_heads, head_size], row stride q_stride (a view of the fused QKV output)
@@ -32,11 +33,9 @@
 #include <omp.h>
 #endif
 
-#include "cpu_vec.h"
+#include "attention.h"
+#include "vec.h"
 
-#define MAX_GROUP 16
-#define MAX_HEAD 256
-#define MAX_CHUNKS (MAX_HEAD / LANES)
 /* Rows in a run: a request's new tokens in a step (MAX_DECODE_QUERY_LEN in Python); a run of longer
  * heads and groups is cut so that its query vectors fit QUERY_FLOATS. */
 #define MAX_RUN_ROWS 8
@@ -72,13 +71,6 @@ typedef struct {
     float soft_cap; /* 0: none */
     float k_scale, v_scale; /* of an fp8 cache, times FP8_LOAD_SCALE; 1 otherwise */
 } DecodeArgs;
-
-INLINE void store_row(char *out, int64_t d, float x, int bf16) {
-    if (bf16)
-        ((uint16_t *)out)[d] = float_to_bf16(x);
-    else
-        ((float *)out)[d] = x;
-}
 
 /* Row r's first key (a sliding window starts past 0); its keys are [first_key, seq_lens[r]). */
 INLINE int64_t first_key(const DecodeArgs *a, int64_t r) {
@@ -274,7 +266,7 @@ static void merge_splits(const DecodeArgs *a, const Run *runs, int64_t tasks, in
                 for (int64_t d = 0; d < head_size; d++) o[d] += st[2 + d] * w;
             }
             const float inv = sum > 0.0f ? a->v_scale / sum : 0.0f;
-            for (int64_t d = 0; d < head_size; d++) store_row(out, d, o[d] * inv, bf16);
+            for (int64_t d = 0; d < head_size; d++) store_elem(out, d, o[d] * inv, bf16);
         }
     }
 }
@@ -378,10 +370,8 @@ static void write_kv(const char *key, int64_t key_stride, const char *value, int
             const char *v_row = value + (i * value_stride + h * head_size) * elem;
             if (kv == E4M3 || kv == E5M2) {
                 for (int64_t d = 0; d < head_size; d++) {
-                    const float x = bf16 ? bf16_to_float(((const uint16_t *)k_row)[d]) : ((const float *)k_row)[d];
-                    const float y = bf16 ? bf16_to_float(((const uint16_t *)v_row)[d]) : ((const float *)v_row)[d];
-                    ((uint8_t *)k_cache)[dst + d] = float_to_fp8(x / k_scale, kv);
-                    ((uint8_t *)v_cache)[dst + d] = float_to_fp8(y / v_scale, kv);
+                    ((uint8_t *)k_cache)[dst + d] = float_to_fp8(load_elem(k_row, d, bf16) / k_scale, kv);
+                    ((uint8_t *)v_cache)[dst + d] = float_to_fp8(load_elem(v_row, d, bf16) / v_scale, kv);
                 }
             } else {
                 memcpy(k_cache + dst, k_row, row);
@@ -408,26 +398,8 @@ INLINE int cache_type_ok(int bf16, int64_t kv) { return kv == (bf16 ? BF16 : F32
 EXPORT_WRITE(write_kv_f32, 0)
 EXPORT_WRITE(write_kv_bf16, 1)
 
-/* What a decode call needs from the step (the same for every layer), and from the layer's head
- * layout (the same for every layer of that layout): built once by the caller, passed by pointer, so
- * a layer's call converts only its own tensors' addresses. */
-typedef struct {
-    const int32_t *tables;
-    int64_t table_stride;
-    const int64_t *q_rows, *table_rows, *seq_lens;
-    int64_t num_reqs;
-    const int64_t *slots; /* cache slot of each of the step's num_slots new tokens */
-    int64_t num_slots;    /* 0: the keys were written already (a step with prompts writes first) */
-} StepArgs;
-
-typedef struct {
-    int64_t num_heads, num_kv_heads, head_size, block_size;
-    int64_t v_offset; /* elements from the key half of a layer's cache to its value half */
-    float scale;
-    int64_t window;
-    float soft_cap;     /* logits soft cap (Gemma-2), 0: none */
-    int64_t cache_type; /* F32, BF16, E4M3 or E5M2 */
-} LayerArgs;
+EXPORT_SIZE(StepArgs)
+EXPORT_SIZE(LayerArgs)
 
 /* One layer's decode attention: stores the step's new keys and values (if num_slots), then attends
  * each decode request's query row. The cache is [2, num_blocks, num_kv_heads, block_size, head] of

@@ -15,12 +15,13 @@
  * that is only slower.
  *
  * Also: rows dequantized to float32 or bfloat16, the tiles of the batched path (int4.py multiplies them
- * with torch's GEMM). Built and loaded by int4_native.py like the other kernels (cpu_decode.py).
+ * with torch's GEMM). Built by kernels/build.py into the int4 kernel library; bindings:
+ * layers/quant/int4_native.py.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "quant_common.h"
+#include "common.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define INT4_AVX2 1
@@ -178,7 +179,7 @@ int int4_kernel_isa(void) {
 #endif
 }
 
-/* The native decode path's entry (llama_decode.c's MatvecFn): y = W x for one float32 row, the input
+/* The native decode path's entry (common.h's MatvecFn): y = W x for one float32 row, the input
  * first gathered by the act-order permutation `perm` (int64 [k], NULL: none) as int4.py gathers it. */
 typedef struct {
     const uint8_t *q;
@@ -187,6 +188,8 @@ typedef struct {
     int64_t n, k, group;
     const int64_t *perm;
 } Int4Matvec;
+
+EXPORT_SIZE(Int4Matvec)
 
 int int4_matvec(const void *desc, const float *x, float *y) {
     const Int4Matvec *d = desc;

@@ -16,7 +16,7 @@
  * F32/F16/BF16 weights are multiplied in float (no activation quantization).
  *
  * Also: rows dequantized to float32 or bfloat16 (the batched path's tiles, the embedding's gather).
- * Built and loaded by gguf_native.py with the flags of the attention kernels (cpu_decode.py).
+ * Built by kernels/build.py into the gguf kernel library; bindings: layers/quant/gguf_native.py.
  */
 #include <math.h>
 #include <stdint.h>
@@ -73,11 +73,6 @@ static void dequant_row(int t, const uint8_t *row, int64_t k, float *out) {
 #define DEQUANT(T) dequant_blocks(T, row, k, out); return;
     for_each_type(t, DEQUANT)
 #undef DEQUANT
-}
-
-INLINE void store_out(void *out, int64_t i, float v, int bf16) {
-    if (bf16) ((uint16_t *)out)[i] = float_to_bf16(v);
-    else ((float *)out)[i] = v;
 }
 
 /* Rows ids[0..n) (or 0..n when ids is NULL) of a [nrows, k] weight of type t, dequantized to out
@@ -368,8 +363,7 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
     float *xf = malloc(M * k * sizeof(float));
     for (int64_t m = 0; m < M; m++)
         for (int64_t i = 0; i < k; i++)
-            xf[m * k + i] = x_bf16 ? bf16_to_float(((const uint16_t *)x)[m * ldx + i])
-                                   : ((const float *)x)[m * ldx + i];
+            xf[m * k + i] = load_elem(x, m * ldx + i, x_bf16);
     QAct a = {0};
     if (any_quant) {
         a.q = malloc(M * k);
@@ -392,7 +386,7 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
             if (M == 1 && !is_float_type(t) && local + WROWS <= rows[s]) {
                 float res[WROWS];
                 dot_weight_rows_typed(t, w[s] + local * rb, rb, k, a.q, a.d, a.s16, res);
-                for (int i = 0; i < WROWS; i++) store_out(y, r0 + i, res[i], y_bf16);
+                for (int i = 0; i < WROWS; i++) store_elem(y, r0 + i, res[i], y_bf16);
                 continue;
             }
             for (int64_t r = r0; r < r0 + WROWS && r < total; r++, local++) {
@@ -404,14 +398,14 @@ int gguf_matmul(int64_t nshards, const uint8_t *const *w, const int32_t *types, 
                 const uint8_t *row = w[s] + local * rb;
                 if (is_float_type(t)) {
                     float_row(t, row, k, wf);
-                    for (int64_t m = 0; m < M; m++) store_out(y, m * ldy + r, dot_float(wf, xf + m * k, k), y_bf16);
+                    for (int64_t m = 0; m < M; m++) store_elem(y, m * ldy + r, dot_float(wf, xf + m * k, k), y_bf16);
                     continue;
                 }
                 for (int64_t m0 = 0; m0 < M; m0 += DOT_ROWS) {
                     int mr = M - m0 < DOT_ROWS ? (int)(M - m0) : DOT_ROWS;
                     float res[DOT_ROWS];
                     dot_rows(t, mr, row, k, a.q + m0 * k, a.d + m0 * (k / 32), a.s16 + m0 * (k / 16), res);
-                    for (int m = 0; m < mr; m++) store_out(y, (m0 + m) * ldy + r, res[m], y_bf16);
+                    for (int m = 0; m < mr; m++) store_elem(y, (m0 + m) * ldy + r, res[m], y_bf16);
                 }
             }
         }
@@ -435,7 +429,7 @@ int gguf_kernel_isa(void) {
 #endif
 }
 
-/* The native decode path's entry (llama_decode.c's MatvecFn): y = W x for one float32 row, W the
+/* The native decode path's entry (common.h's MatvecFn): y = W x for one float32 row, W the
  * layer's shards as gguf_matmul takes them (the same product the layer's one-row step computes). */
 typedef struct {
     int64_t nshards;
@@ -444,6 +438,8 @@ typedef struct {
     const int64_t *rows;
     int64_t k;
 } GGUFMatvec;
+
+EXPORT_SIZE(GGUFMatvec)
 
 int gguf_matvec(const void *desc, const float *x, float *y) {
     const GGUFMatvec *d = desc;
