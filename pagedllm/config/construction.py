@@ -19,18 +19,16 @@ from pagedllm.config import graph_sizes
 from pagedllm.config.compilation import CompilationMode, CUDAGraphMode
 from pagedllm.config.optimization import OPTIMIZATION_LEVEL_TO_CONFIG, apply_optimization_level_defaults
 from pagedllm.config.pooler import apply_pooling_defaults
-from pagedllm.config.quantization import QuantizationConfig, get_quantization_method
 from pagedllm.config.runner_select import validate_model_runner
 from pagedllm.config.seed import checks as seed_checks
 from pagedllm.config.seed import exotic
 from pagedllm.config.seed import steps as seed_steps
 from pagedllm.config.utils import get_platform, info_once, warning_once
 from pagedllm.config.watermark_check import check_supports_watermarking
+from pagedllm.formats.quant_params import check_quant_params
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
-    from pagedllm.config.load import LoadConfig
-    from pagedllm.config.model import ModelConfig
 
 logger = logging.getLogger("pagedllm.config")
 
@@ -59,26 +57,6 @@ def try_verify_and_update_config(cfg: EngineConfig) -> None:
                 f"load_format={lc.load_format!r} cannot load object-storage weights of {mc.model!r}; "
                 "use runai_streamer, runai_streamer_sharded or modelexpress"
             )
-
-
-def resolve_quantization_config(mc: ModelConfig, load_config: LoadConfig) -> QuantizationConfig | None:
-    """Spec 5.18."""
-    if mc.quantization is None:
-        return None
-    quant = get_quantization_method(mc.quantization)
-    cap = get_platform().get_device_capability()
-    if cap is not None and cap.to_int() < quant.get_min_capability():
-        raise ValueError(
-            f"quantization {mc.quantization!r} needs device capability >= {quant.get_min_capability()}, "
-            f"this device has {cap.to_int()}"
-        )
-    if mc.dtype not in quant.get_supported_act_dtypes():
-        raise ValueError(
-            f"dtype {mc.dtype} is not supported with quantization {mc.quantization!r}; supported: "
-            f"{quant.get_supported_act_dtypes()}"
-        )
-    quant.maybe_update_config(mc.model, hf_config=mc.hf_config, revision=mc.revision)
-    return quant
 
 
 def _graph_sizing(cfg: EngineConfig) -> None:
@@ -162,10 +140,13 @@ def _verify_lora(cfg: EngineConfig) -> None:
         cfg.lora_config.verify_with_model_config(cfg.model_config)
 
 
-def _resolve_quantization(cfg: EngineConfig) -> None:
-    """P17."""
-    if cfg.quant_config is None and cfg.model_config is not None:
-        cfg.quant_config = resolve_quantization_config(cfg.model_config, cfg.load_config)
+def _check_quantization(cfg: EngineConfig) -> None:
+    """P17, as pagedllm splits it: the loader resolves the method object (`quant_config` stays as given,
+    see `pagedllm.models.loader.quantization`), so that config never imports layers; construction still
+    refuses a checkpoint whose quantization parameters no method here can run, before an engine starts."""
+    mc = cfg.model_config
+    if cfg.quant_config is None and mc is not None:
+        check_quant_params(mc.model, mc.quantization, mc.hf_config)
 
 
 def _untie_word_embeddings(cfg: EngineConfig) -> None:
@@ -364,7 +345,7 @@ STEPS: tuple[Step, ...] = (
     exotic.check_model_exotic,  # P11-P14
     _verify_lora,  # P15
     seed_steps.check_mamba_stochastic_rounding,  # P16
-    _resolve_quantization,  # P17
+    _check_quantization,  # P17
     _untie_word_embeddings,  # P18
     seed_steps.disable_deep_gemm,  # P19
     _resolve_async_scheduling,  # P20, P21

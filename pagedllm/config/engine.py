@@ -114,7 +114,7 @@ class EngineConfig:
     logging_config: LoggingConfig = Field(default_factory=LoggingConfig)
     """Logging."""
     quant_config: QuantizationConfig | None = None
-    """Resolved quantization method (derived from the model config)."""
+    """Quantization method object overriding the one the loader resolves from `model_config.quantization`."""
     compilation_config: CompilationConfig = Field(default_factory=CompilationConfig)
     """Compilation and CUDA graphs."""
     profiler_config: ProfilerConfig = Field(default_factory=ProfilerConfig)
@@ -313,14 +313,6 @@ class EngineConfig:
         from pagedllm.config.construction import try_verify_and_update_config
 
         try_verify_and_update_config(self)
-
-    @staticmethod
-    def get_quantization_config(
-        model_config: ModelConfig, load_config: LoadConfig
-    ) -> QuantizationConfig | None:
-        from pagedllm.config.construction import resolve_quantization_config
-
-        return resolve_quantization_config(copy.deepcopy(model_config), load_config)
 
     # -- after-validators (run after __post_init__, also for sub-model views) ----------------------
     @model_validator(mode="after")

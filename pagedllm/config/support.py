@@ -191,7 +191,7 @@ def _parallel_checks(cfg: EngineConfig) -> list[Check]:
         (pc.enable_eplb, "parallel_config.enable_eplb (expert load balancing)"),
         (bool(pc.enable_batch_sharded_sampling), "parallel_config.enable_batch_sharded_sampling"),
         (
-            pc.tensor_parallel_size > 1 and cfg.quant_config is not None,
+            pc.tensor_parallel_size > 1 and _quantized(cfg),
             "parallel_config.tensor_parallel_size > 1 with quantization (quantized layers are not sharded)",
         ),
         _named(
@@ -206,6 +206,11 @@ def _parallel_checks(cfg: EngineConfig) -> list[Check]:
         ),
         (pc.enable_fault_tolerance, "parallel_config.enable_fault_tolerance (worker fault tolerance)"),
     ]
+
+
+def _quantized(cfg: EngineConfig) -> bool:
+    mc = cfg.model_config
+    return cfg.quant_config is not None or (mc is not None and mc.quantization is not None)
 
 
 def _cache_checks(cfg: EngineConfig) -> list[Check]:

@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2MoeConfig
 
 from pagedllm.benchmarks.model_stats import ModelStats, resident_weight_bytes_per_step
-from pagedllm.config.quantization import Fp8QuantizationConfig
+from pagedllm.layers.quant.fp8 import Fp8QuantizationConfig
 from pagedllm.models.loader import load_model
 
 

@@ -193,12 +193,6 @@ def test_str_lists_fields_in_order() -> None:
         str(EngineConfig())
 
 
-def test_get_quantization_config_copies() -> None:
-    mc = ModelConfig()
-    quant = EngineConfig.get_quantization_config(mc, EngineConfig().load_config)
-    assert quant is not None and quant.name == "gguf"
-
-
 def test_adjust_dcp_kv_cache_interleave_size(caplog: pytest.LogCaptureFixture) -> None:
     from types import SimpleNamespace
 

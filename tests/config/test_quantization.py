@@ -1,6 +1,6 @@
 """AWQ / GPTQ detected from a checkpoint's `quantization_config` (config.json) as vLLM detects it: the
-method fills `quantization` and `EngineConfig.quant_config` (its group size, act-order and skipped
-modules read from the checkpoint); a `quantization` flag that contradicts the checkpoint, or names
+method fills `quantization`, which the loader resolves (`pagedllm.models.loader.quantization`) with its
+group size, act-order and skipped modules read from the checkpoint; a `quantization` flag that contradicts the checkpoint, or names
 AWQ/GPTQ for an unquantized one, and the variants pagedllm does not read are clear errors. "fp8" is
 either the checkpoint's (e4m3 weights with scales) or, on an unquantized checkpoint, the flag's (online
 quantization)."""
@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from pagedllm.config import EngineConfig, ModelConfig
-from pagedllm.config.quantization import AWQQuantizationConfig, Fp8QuantizationConfig, GPTQQuantizationConfig
+from pagedllm.layers.quant.fp8 import Fp8QuantizationConfig
+from pagedllm.layers.quant.int4 import AWQQuantizationConfig, GPTQQuantizationConfig
+from pagedllm.models.loader.quantization import resolve_quant_config
 
 AWQ = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True, "sym": True}
@@ -53,7 +55,7 @@ def test_method_is_detected_from_config_json(
     method = quantization_config["quant_method"]
     cfg = EngineConfig(model_config=ModelConfig(model=model, quantization=method if flag else None))
     assert cfg.model_config.quantization == method
-    quant = cfg.quant_config
+    quant = resolve_quant_config(cfg.model_config)
     assert isinstance(quant, cls) and quant.name == method
     assert (quant.bits, quant.group_size, quant.desc_act) == (4, group, desc_act)
     assert quant.modules_to_not_convert == ["o_proj"]
@@ -67,7 +69,7 @@ def test_flag_conflicting_with_the_checkpoint_is_an_error(tiny_llama_dir: Path, 
 
 def test_fp8_flag_quantizes_an_unquantized_checkpoint_online(tiny_llama_dir: Path) -> None:
     cfg = EngineConfig(model_config=ModelConfig(model=str(tiny_llama_dir), quantization="fp8"))
-    assert cfg.model_config.quantization == "fp8" and isinstance(cfg.quant_config, Fp8QuantizationConfig)
+    assert cfg.model_config.quantization == "fp8" and isinstance(resolve_quant_config(cfg.model_config), Fp8QuantizationConfig)
 
 
 @pytest.mark.parametrize("flag", [None, "fp8"])
@@ -77,7 +79,7 @@ def test_fp8_checkpoint_is_detected_from_config_json(
     cfg = EngineConfig(
         model_config=ModelConfig(model=_quantized(tiny_llama_dir, tmp_path, FP8), quantization=flag)
     )
-    quant = cfg.quant_config
+    quant = resolve_quant_config(cfg.model_config)
     assert cfg.model_config.quantization == "fp8" and isinstance(quant, Fp8QuantizationConfig)
     assert quant.is_checkpoint_fp8_serialized and quant.activation_scheme == "static"
 

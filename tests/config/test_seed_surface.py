@@ -43,7 +43,8 @@ METHODS = [
     "validate_block_size",
     "adjust_dcp_kv_cache_interleave_size",
     "try_verify_and_update_config",
-    "get_quantization_config",
+    # Not get_quantization_config: the loader resolves the method (pagedllm.models.loader.quantization),
+    # so the configuration does not import the layers that implement it.
     "validate_nvfp4_kv_cache_with_mla",
     "validate_mamba_block_size",
     "validate_mamba_cached_kernel",

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from attention.paged_batch import PagedBatch
 
-from pagedllm.config.quantization import GGUFQuantizationConfig
 from pagedllm.formats.gguf_metadata import hf_config_from_gguf, read_gguf_header
+from pagedllm.layers.quant.gguf import GGUFQuantizationConfig
 from pagedllm.models import load_model
 from pagedllm.tokenizer import get_tokenizer
 

@@ -27,6 +27,7 @@ from pagedllm.layers.quant.fp8 import (
 )
 from pagedllm.models import get_model
 from pagedllm.models.loader import ModelLoadError
+from pagedllm.models.loader.quantization import resolve_quant_config
 
 # Against HF on the fp8-rounded weights, both float32: summation order only (measured 4e-6).
 EXACT_BOUND = 1e-3
@@ -44,7 +45,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _fp8_model(model_dir: Path, dtype: str) -> torch.nn.Module:
     config = EngineConfig(model_config=ModelConfig(model=str(model_dir), dtype=dtype, quantization="fp8"))
-    assert config.quant_config is not None and config.quant_config.name == "fp8"
+    quant = resolve_quant_config(config.model_config)
+    assert quant is not None and quant.name == "fp8"
     return get_model(config)
 
 
@@ -129,7 +131,8 @@ def test_fp8_checkpoint_matches_hf_on_dequantized_weights(
 ) -> None:
     reference = _write_fp8_checkpoint(model_dir, tmp_path / "fp8", per_channel, static)
     config = EngineConfig(model_config=ModelConfig(model=str(tmp_path / "fp8"), dtype="float32"))
-    assert config.model_config.quantization == "fp8" and config.quant_config.is_checkpoint_fp8_serialized
+    assert config.model_config.quantization == "fp8"
+    assert resolve_quant_config(config.model_config).is_checkpoint_fp8_serialized
     model = get_model(config)
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv.quant_method, Fp8CheckpointLinearMethod)

@@ -16,9 +16,8 @@ from perplexity import smollm2_perplexity
 from test_gguf import _transformers_tensors
 from transformers import AutoModelForCausalLM
 
-from pagedllm.config.quantization import GGUFQuantizationConfig
 from pagedllm.formats.gguf_metadata import hf_config_from_gguf, read_gguf_header
-from pagedllm.layers.quant.gguf import GGUFLinearMethod
+from pagedllm.layers.quant.gguf import GGUFLinearMethod, GGUFQuantizationConfig
 from pagedllm.models import ModelLoadError, load_model
 
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.F16, Q.BF16, Q.F32]
@@ -151,13 +150,15 @@ def test_engine_dequantizes_gguf_unless_told_not_to(tmp_path: Path, extra: dict,
     from pagedllm.config import EngineConfig, LoadConfig, ModelConfig
     from pagedllm.models import get_model
     from pagedllm.models.loader import effective_quant_config, reload_weights
+    from pagedllm.models.loader.quantization import resolve_quant_config
 
     path = write_llama_gguf(tmp_path / "tiny.gguf", dict.fromkeys(LINEARS, Q.Q4_0))
     engine_config = EngineConfig(
         model_config=ModelConfig(model=str(path), dtype="float32"),
         load_config=LoadConfig(model_loader_extra_config=extra),
     )
-    assert engine_config.quant_config is not None and engine_config.quant_config.name == "gguf"
+    quant = resolve_quant_config(engine_config.model_config)
+    assert quant is not None and quant.name == "gguf"
     model = get_model(engine_config)
     method = model.model.layers[0].self_attn.qkv_proj.quant_method
     assert isinstance(method, GGUFLinearMethod) == runs_blocks

@@ -19,6 +19,7 @@ from tiny_llm import make_tiny_llm
 from pagedllm.config import EngineConfig, ModelConfig
 from pagedllm.layers.quant.int4 import Int4LinearMethod
 from pagedllm.models import ModelLoadError, get_model
+from pagedllm.models.loader.quantization import resolve_quant_config
 
 # Per-token log-probability difference allowed against HF on the dequantized weights. Both run in
 # float32 on the same weight values (the kernel dequantizes s * (q - z) exactly as the reference does,
@@ -55,7 +56,7 @@ def test_engine_matches_hf_on_dequantized_weights(
 ) -> None:
     hf = quantize_checkpoint(float_dir, tmp_path, fmt, group, act_order, seed=3)
     engine_config = EngineConfig(model_config=ModelConfig(model=str(tmp_path), dtype="float32"))
-    quant = engine_config.quant_config
+    quant = resolve_quant_config(engine_config.model_config)
     assert (
         quant is not None and quant.name == fmt and quant.group_size == group and quant.desc_act == act_order
     )

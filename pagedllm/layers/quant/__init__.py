@@ -1,5 +1,6 @@
-"""Quantization methods of layers (see `base`); the configs that choose them live in
-`pagedllm.config.quantization`."""
+"""Quantization methods of layers (see `base`). Each format's module holds its `QuantizationConfig`
+(the interface in `pagedllm.config.quantization`) beside the linear method it chooses: `gguf`, `int4`
+(AWQ, GPTQ), `fp8`; the loader resolves the configured method name to it."""
 
 from pagedllm.layers.quant.base import LinearMethodBase, QuantizeMethodBase, WeightLoader, set_weight_loader
 

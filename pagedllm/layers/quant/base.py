@@ -1,8 +1,9 @@
 """What a layer delegates to its quantization method: creating its weights, fixing them up after the
 checkpoint is loaded, and computing its product.
 
-A `QuantizationConfig` (`pagedllm.config.quantization`) picks the method of each layer by its prefix
-(`get_quant_method(layer, prefix)`); unquantized layers use `UnquantizedLinearMethod`. Quantized
+A `QuantizationConfig` (the interface in `pagedllm.config.quantization`, implemented by each format's
+module here) picks the method of each layer by its prefix (`get_quant_method(layer, prefix)`);
+unquantized layers use `UnquantizedLinearMethod`. Quantized
 formats (GGUF kept packed, AWQ, GPTQ, fp8) and LoRA wrappers are further methods.
 """
 

@@ -17,14 +17,23 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any
 
 import torch
 from torch import nn
 
+from pagedllm.config.quantization import CheckpointTensors, QuantizationConfig
+from pagedllm.formats.quant_params import fp8_params
 from pagedllm.kernels import build
 from pagedllm.kernels.abi import Fp8Matvec
-from pagedllm.layers.linear import UnquantizedLinearMethod
-from pagedllm.layers.quant.base import NativeMatvec, WeightLoader, matvec_entry, set_weight_loader
+from pagedllm.layers.linear import LinearBase, UnquantizedLinearMethod
+from pagedllm.layers.quant.base import (
+    NativeMatvec,
+    QuantizeMethodBase,
+    WeightLoader,
+    matvec_entry,
+    set_weight_loader,
+)
 from pagedllm.layers.quant.tiles import tile_rows, tiled_product
 
 FP8 = torch.float8_e4m3fn
@@ -187,3 +196,54 @@ def _per_row(layer: nn.Module, weight_loader: WeightLoader) -> WeightLoader:
 
 def _discard(param: torch.Tensor, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
     """A static activation scale: not needed by weight-only fp8 (see Fp8CheckpointLinearMethod)."""
+
+
+class Fp8QuantizationConfig(QuantizationConfig):
+    """fp8 e4m3 linear layers (`pagedllm.layers.quant.fp8`): online (an unquantized checkpoint's
+    weights quantized at load, one scale per output channel), or an fp8 checkpoint's (its config.json
+    `quantization_config` says `quant_method: "fp8"`, as vLLM reads it): float8_e4m3fn weights with a
+    `weight_scale` per tensor or per output channel. Block-wise scales (`weight_block_size`) are refused."""
+
+    name = "fp8"
+
+    def __init__(self) -> None:
+        self.is_checkpoint_fp8_serialized = False
+        self.activation_scheme = "dynamic"
+        self.ignored_layers: list[str] = []
+
+    def get_min_capability(self) -> int:
+        return 0
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    def maybe_update_config(self, model: str, hf_config: Any = None, revision: str | None = None) -> None:
+        params = fp8_params(model, hf_config)
+        if params is None:
+            return  # online fp8
+        self.is_checkpoint_fp8_serialized = True
+        self.activation_scheme, self.ignored_layers = params.activation_scheme, params.ignored_layers
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        # The decoder's linear layers; the embedding and the LM head stay in the model dtype, and so
+        # do a checkpoint's `ignored_layers` (named as the model names them).
+        if not isinstance(layer, LinearBase) or prefix in self.ignored_layers:
+            return None
+        if self.is_checkpoint_fp8_serialized:
+            return Fp8CheckpointLinearMethod(self.activation_scheme == "static")
+        return Fp8OnlineLinearMethod()
+
+    def check_checkpoint(self, tensors: CheckpointTensors) -> None:
+        # An fp8 weight is only readable with its scale (`X.weight` -> `X.weight_scale`).
+        for name, (path, _, dtype) in sorted(tensors.items()):
+            if dtype == torch.float8_e4m3fn and f"{name}_scale" not in tensors:
+                raise ValueError(f"{path}: fp8 tensor {name!r} has no {name + '_scale'!r} (its scale)")
+
+    def compute_hash(self) -> str:
+        return f"{self.name}-{self.is_checkpoint_fp8_serialized}-{self.activation_scheme}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(checkpoint={self.is_checkpoint_fp8_serialized}, "
+            f"activation_scheme={self.activation_scheme!r})"
+        )

@@ -26,6 +26,9 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from pagedllm.config.quantization import QuantizationConfig
+from pagedllm.layers.embedding import VocabParallelEmbedding
+from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.quant import gguf_native
 from pagedllm.layers.quant.base import (
     LinearMethodBase,
@@ -208,3 +211,24 @@ def embedding_method(layer: nn.Module) -> GGUFEmbeddingMethod:
     layer.qweight.num_rows = layer.num_embeddings
     layer.qweight.embedding_dim = layer.embedding_dim
     return method
+
+
+class GGUFQuantizationConfig(QuantizationConfig):
+    """llama.cpp block quantization (Q4_0, Q4_1, Q8_0, K-quants...) read from a .gguf file."""
+
+    name = "gguf"
+
+    def get_min_capability(self) -> int:
+        return 60
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        # Linear layers and the token embedding (with a tied or own LM head) keep the file's blocks;
+        # other layers (norms, mixture-of-experts weights) get dequantized tensors from the loader.
+        if isinstance(layer, LinearBase):
+            return GGUFLinearMethod()
+        if isinstance(layer, VocabParallelEmbedding):
+            return embedding_method(layer)
+        return None

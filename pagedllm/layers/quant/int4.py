@@ -17,25 +17,32 @@ gathers the input by the act-order permutation first).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import nn
 
+from pagedllm.config.quantization import CheckpointTensors, QuantizationConfig
+from pagedllm.formats.quant_params import int4_params
+from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.quant import int4_native
-from pagedllm.layers.quant.base import LinearMethodBase, NativeMatvec, WeightLoader, set_weight_loader
+from pagedllm.layers.quant.base import (
+    LinearMethodBase,
+    NativeMatvec,
+    QuantizeMethodBase,
+    WeightLoader,
+    set_weight_loader,
+)
 from pagedllm.layers.quant.int4_layouts import (
     act_order_permutation,
     awq_to_int4,
+    checkpoint_problem,
     gptq_to_int4,
     pack_int4,
     packed_shapes,
 )
 from pagedllm.layers.quant.int4_native import Int4Weight
 from pagedllm.layers.quant.tiles import tiled_product
-
-if TYPE_CHECKING:
-    from pagedllm.config.quantization import Int4QuantizationConfig
 
 # Activation rows up to which the native kernel beats dequantized tiles + GEMM (benchmarks/
 # quant_linear.py: 3072 x 768, group 64, this 2-core AVX2 machine, one thread: at 8 rows kernel 1.42 ms
@@ -178,3 +185,62 @@ class Int4LinearMethod(LinearMethodBase):
     def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
         weight = Int4Weight(layer.int4_qweight, layer.int4_scales, layer.int4_zeros, layer.int4_group)
         return int4_native.matvec_entry(weight, layer.int4_perm)
+
+
+class Int4QuantizationConfig(QuantizationConfig):
+    """4-bit group quantization of the linear layers (AWQ, GPTQ), its parameters read from the
+    checkpoint's `quantization_config` (config.json) as vLLM reads them."""
+
+    def __init__(self) -> None:
+        self.bits = 4
+        self.group_size = 128
+        self.desc_act = False
+        self.modules_to_not_convert: list[str] = []
+
+    def get_min_capability(self) -> int:
+        return 0
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    def group_for(self, input_size: int) -> int:
+        """The group size of a layer `input_size` wide (-1: one group over the whole input)."""
+        return input_size if self.group_size == -1 else self.group_size
+
+    def maybe_update_config(self, model: str, hf_config: Any = None, revision: str | None = None) -> None:
+        params = int4_params(model, self.name, hf_config)
+        self.bits, self.group_size, self.desc_act = params.bits, params.group_size, params.desc_act
+        self.modules_to_not_convert = params.modules_to_not_convert
+
+    def get_quant_method(self, layer: nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        # The linear layers of the decoder; the embedding and the LM head stay float, as AutoAWQ and
+        # GPTQModel leave them, and so do the modules the checkpoint lists as not converted.
+        if isinstance(layer, LinearBase) and not any(m in prefix for m in self.modules_to_not_convert):
+            return Int4LinearMethod(self)
+        return None
+
+    def check_checkpoint(self, tensors: CheckpointTensors) -> None:
+        for name in sorted(n for n in tensors if n.endswith(".qweight")):
+            problem = checkpoint_problem(self, name.removesuffix(".qweight"), tensors)
+            if problem:
+                raise ValueError(f"{tensors[name][0]}: {problem}")
+
+    def compute_hash(self) -> str:
+        return f"{self.name}-{self.bits}-{self.group_size}-{self.desc_act}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(bits={self.bits}, group_size={self.group_size}, desc_act={self.desc_act})"
+        )
+
+
+class AWQQuantizationConfig(Int4QuantizationConfig):
+    """AutoAWQ's GEMM-layout checkpoints (see `pagedllm.layers.quant.int4_layouts`)."""
+
+    name = "awq"
+
+
+class GPTQQuantizationConfig(Int4QuantizationConfig):
+    """AutoGPTQ / GPTQModel checkpoints in the v1 "gptq" format, with or without act-order."""
+
+    name = "gptq"

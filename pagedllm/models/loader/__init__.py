@@ -34,6 +34,7 @@ from pagedllm.models.loader.gguf_loader import (
     read_header,
     rope_freq_factors,
 )
+from pagedllm.models.loader.quantization import resolve_quant_config
 from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safetensors_files
 from pagedllm.models.loader.safetensors_loader import read_header as read_safetensors_header
 from pagedllm.models.loader.weights import accepts, load_weights
@@ -230,9 +231,10 @@ def get_model(engine_config: Any) -> nn.Module:
 
 
 def effective_quant_config(engine_config: Any) -> Any:
-    """The quantization the loaded model runs: the config's, but None for a GGUF file whose tensors
-    are dequantized to the model dtype at load (the default, `gguf_dequantize`)."""
-    quant_config = engine_config.quant_config
+    """The quantization the loaded model runs: the config's `quant_config` if given, else the method its
+    model config names (resolved here), but None for a GGUF file whose tensors are dequantized to the
+    model dtype at load (the default, `gguf_dequantize`)."""
+    quant_config = engine_config.quant_config or resolve_quant_config(engine_config.model_config)
     if (
         quant_config is not None
         and quant_config.name == "gguf"
