@@ -28,8 +28,8 @@ from pagedllm.engine.utility import EngineSleepingError
 from pagedllm.errors import ErrorReport
 from pagedllm.executor import Executor
 from pagedllm.executor.abstract import StepFuture
+from pagedllm.kv_cache_interface import KVCacheSpec, check_num_blocks, num_blocks_from_budget
 from pagedllm.structured_output.manager import StructuredOutputManager
-from pagedllm.worker.kv_cache import KVCacheSpec, check_num_blocks, num_blocks_from_budget
 
 logger = logging.getLogger("pagedllm.engine")
 

@@ -1,6 +1,6 @@
-"""KV cache sizing: bytes per block, and the byte budget the platform allows.
+"""The worker's side of the KV cache: the byte budget the platform allows, and the cache tensors.
 
-The engine core turns the budget into a block count (`num_blocks_from_budget`); the runner then
+The engine core turns the budget into a block count (`pagedllm.kv_cache_interface`); the runner then
 allocates that many blocks per layer.
 """
 
@@ -10,7 +10,6 @@ import logging
 import math
 import mmap
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -23,27 +22,6 @@ logger = logging.getLogger("pagedllm.worker")
 # touched), and on a host shared with the API server, the tokenizer and other engines a larger default
 # would claim RAM most workloads never use; set `kv_cache_memory_bytes` to go beyond it.
 CPU_DEFAULT_KV_CACHE_CAP_BYTES = 4 * 2**30
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    """One entry per attention layer (layers may differ in KV heads / head size)."""
-
-    block_size: int
-    num_kv_heads: list[int]
-    head_size: list[int]
-    dtype: torch.dtype
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.num_kv_heads)
-
-    @property
-    def bytes_per_block(self) -> int:
-        """Keys and values of `block_size` tokens in every layer."""
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        per_token = sum(2 * h * d * elem for h, d in zip(self.num_kv_heads, self.head_size))
-        return per_token * self.block_size
 
 
 def cpu_kv_cache_budget(weights_bytes: int, max_useful_bytes: int, num_engine_cores: int = 1) -> int:
@@ -95,25 +73,6 @@ def profile_cuda_kv_cache_budget(
             "max_num_batched_tokens / max_model_len"
         )
     return budget
-
-
-def num_blocks_from_budget(budget_bytes: int, bytes_per_block: int, override: int | None) -> int:
-    """The block count a byte budget allows (or `num_gpu_blocks_override` when set)."""
-    if override is not None:
-        return override
-    return budget_bytes // bytes_per_block
-
-
-def check_num_blocks(num_blocks: int, block_size: int, max_model_len: int, bytes_per_block: int) -> None:
-    """Error clearly unless one sequence of `max_model_len` tokens fits in the cache."""
-    needed = -(-max_model_len // block_size)
-    if num_blocks < needed:
-        raise ValueError(
-            f"the KV cache holds {num_blocks} blocks of {block_size} tokens ({num_blocks * block_size} tokens, "
-            f"{num_blocks * bytes_per_block / 2**20:.1f} MiB), but one max_model_len={max_model_len} sequence "
-            f"needs {needed} blocks ({needed * bytes_per_block / 2**20:.1f} MiB); raise kv_cache_memory_bytes "
-            "(CPU) / gpu_memory_utilization (CUDA) or num_gpu_blocks_override, or lower max_model_len"
-        )
 
 
 def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

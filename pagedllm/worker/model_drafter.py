@@ -18,9 +18,10 @@ from torch import nn
 
 from pagedllm.attention import CommonAttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
 from pagedllm.forward_context import set_forward_context
+from pagedllm.kv_cache_interface import KVCacheSpec
 from pagedllm.sample.ops import random_sample
 from pagedllm.worker.input_batch import InputBatch
-from pagedllm.worker.kv_cache import KVCacheSpec, allocate_zeroed
+from pagedllm.worker.kv_cache import allocate_zeroed
 
 
 @dataclass

@@ -20,10 +20,10 @@ from pagedllm.attention.encoder import EncoderOnlyMetadataBuilder
 from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
 from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.forward_context import set_forward_context
+from pagedllm.kv_cache_interface import KVCacheSpec
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.kv_cache import (
-    KVCacheSpec,
     allocate_zeroed,
     cpu_kv_cache_budget,
     profile_cuda_kv_cache_budget,

@@ -14,10 +14,10 @@ from pagedllm import envs
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed import parallel_state
+from pagedllm.kv_cache_interface import KVCacheSpec
 from pagedllm.lora.request import LoRARequest
 from pagedllm.metrics.tracing import flush_traces, step_span
 from pagedllm.platforms import current_platform
-from pagedllm.worker.kv_cache import KVCacheSpec
 from pagedllm.worker.model_runner import ModelRunner
 from pagedllm.worker.profiler import TorchProfiler
 from pagedllm.worker.sleep import WorkerSleep

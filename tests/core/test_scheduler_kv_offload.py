@@ -14,7 +14,7 @@ from pagedllm.core.kv_events import MEDIUM_DISK, BlockRemoved, BlockStored, exte
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.distributed.kv_transfer.base import KVConnectorRole
 from pagedllm.distributed.kv_transfer.offloading import OffloadingConnector
-from pagedllm.worker.kv_cache import KVCacheSpec
+from pagedllm.kv_cache_interface import KVCacheSpec
 
 
 def _scheduler(

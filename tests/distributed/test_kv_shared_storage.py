@@ -15,7 +15,7 @@ from tiny_llm import make_tiny_llm
 from pagedllm.distributed.kv_transfer.base import KVConnectorRole
 from pagedllm.distributed.kv_transfer.factory import connector_class
 from pagedllm.distributed.kv_transfer.multi import MultiConnector
-from pagedllm.worker.kv_cache import KVCacheSpec
+from pagedllm.kv_cache_interface import KVCacheSpec
 
 PROMPTS = random_prompts(3, 60, seed=1)
 FULL_BLOCKS = 60 // BLOCK_SIZE

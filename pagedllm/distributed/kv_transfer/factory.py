@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole
 
 if TYPE_CHECKING:
-    from pagedllm.worker.kv_cache import KVCacheSpec
+    from pagedllm.kv_cache_interface import KVCacheSpec
 
 # name -> "module:class", imported on use (a connector's module may pull in what others never need).
 _REGISTRY: dict[str, str] = {

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from pagedllm.core.kv_cache_manager import KVCacheManager
     from pagedllm.core.request import Request
     from pagedllm.core.sched_output import SchedulerOutput
-    from pagedllm.worker.kv_cache import KVCacheSpec
+    from pagedllm.kv_cache_interface import KVCacheSpec
 
 _EXTRA_KEYS = ("cpu_bytes_to_use", "disk_path")
 

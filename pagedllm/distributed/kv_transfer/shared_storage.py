@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from pagedllm.core.hashing import BlockHash
     from pagedllm.core.request import Request
     from pagedllm.core.sched_output import SchedulerOutput
-    from pagedllm.worker.kv_cache import KVCacheSpec
+    from pagedllm.kv_cache_interface import KVCacheSpec
 
 logger = logging.getLogger("pagedllm.kv_transfer")
 
