@@ -103,7 +103,7 @@ def _breakable_cudagraph(cfg: EngineConfig) -> bool:
     """Spec 5.19: breakable CUDA graphs, by PAGEDLLM_USE_BREAKABLE_CUDAGRAPH or the architecture.
 
     The decision is returned, not written back to the environment as the reference does: config
-    construction never changes os.environ. The upstream batch-invariance trigger needs tuned matmul
+    construction never changes the process environment. The upstream batch-invariance trigger needs tuned matmul
     tables per GPU family; pagedllm ships none, so only the architecture set and the variable decide."""
     enabled = envs.PAGEDLLM_USE_BREAKABLE_CUDAGRAPH
     mc = cfg.model_config

@@ -8,7 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The rank imports its helpers as pytest's rootdir-relative sys.path would: tests/distributed for
+# test_parallel, tests/ for dtype_tolerance.
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from test_parallel import _generate, _llm  # noqa: E402
 
 if __name__ == "__main__":

@@ -280,7 +280,10 @@ def test_chat_n_logprobs_and_token_limits(client: openai.OpenAI) -> None:
     assert capped.usage.completion_tokens == 3
 
 
-def test_chat_template_override_and_generation_prompt(server: RemoteServer, client: openai.OpenAI) -> None:
+def test_chat_template_override_and_generation_prompt(tool_server: RemoteServer) -> None:
+    # A request's own template needs --trust-request-chat-template, which the shared tool server has.
+    server = tool_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
     template = (
         "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}assistant:{% endif %}"

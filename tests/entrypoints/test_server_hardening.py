@@ -143,9 +143,10 @@ def test_tokenize_is_bounded_and_does_not_stall_health(server: RemoteServer, htt
         time.sleep(0.05)
     thread.join()
     assert isinstance(result["count"], int) and result["count"] > 100_000
-    # Probes kept running while the tokenizer worked (blocked, the loop answered one probe after it all),
-    # and answered promptly; the bound on the slowest one leaves room for a loaded machine.
-    assert len(latencies) >= 5, latencies
+    # Probes kept running while the tokenizer worked: blocked, the loop answers at most one probe before
+    # the request lands and one after all of it (two in all); on a fast CPU the work takes ~0.3 s, so three
+    # is the count that tells the two apart everywhere. The bound on the slowest leaves room for load.
+    assert len(latencies) >= 3, latencies
     assert sorted(latencies)[len(latencies) // 2] < 0.5, latencies
     assert max(latencies) < 3.0, latencies
 
