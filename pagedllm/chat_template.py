@@ -1,6 +1,6 @@
 """Render chat conversations into prompt text with the model's Jinja chat template.
 
-Shared by `LLM.chat` and the OpenAI server. Messages are normalised first (roles checked, content given
+Shared by `LLM.chat` and the OpenAI server. Messages are normalised first (roles checked to be strings, content given
 as a string or as a list of ``{"type": "text"}`` parts joined with newlines, as vLLM does for the
 "string" content format), then rendered with transformers' sandboxed Jinja renderer, so a template
 behaves exactly as under ``tokenizer.apply_chat_template`` while working for any tokenizer object that
@@ -20,7 +20,9 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from pagedllm.errors import RequestError
 
-SUPPORTED_ROLES = ("system", "user", "assistant", "tool")
+# OpenAI's newer name for the system role. A template that never mentions it gets "system" instead, as
+# OpenAI treats developer messages for models trained before the role existed.
+DEVELOPER_ROLE = "developer"
 
 # A conversation as users write it: role/content mappings, or objects (e.g. pydantic models of the
 # server's request schema) exposing `model_dump()`.
@@ -87,11 +89,9 @@ def parse_chat_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
     for index, raw in enumerate(messages):
         message = _message_to_dict(raw, index)
         role = message.get("role")
-        if role not in SUPPORTED_ROLES:
-            raise RequestError(
-                "messages",
-                f"messages[{index}].role is {role!r}; supported roles are {', '.join(SUPPORTED_ROLES)}",
-            )
+        # Any role goes to the template (custom roles included), as in vLLM: the template decides.
+        if not isinstance(role, str) or not role:
+            raise RequestError("messages", f"messages[{index}].role must be a non-empty string, got {role!r}")
         message["content"] = _content_to_text(message.get("content"), index)
         if role == "tool" and not isinstance(message.get("tool_call_id"), str):
             raise RequestError(
@@ -199,9 +199,15 @@ def prepare_chat_render(
     reserved = sorted(_RENDER_ARGUMENTS & set(chat_template_kwargs or {}))
     if reserved:
         raise RequestError("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(reserved)}")
+    template = template if template is not None else resolve_chat_template(tokenizer)
+    conversation = parse_chat_messages(messages)
+    if DEVELOPER_ROLE not in template:
+        for message in conversation:
+            if message["role"] == DEVELOPER_ROLE:
+                message["role"] = "system"
     return ChatRender(
-        template if template is not None else resolve_chat_template(tokenizer),
-        parse_chat_messages(messages),
+        template,
+        conversation,
         add_generation_prompt,
         continue_final_message,
         tools,

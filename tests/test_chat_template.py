@@ -65,7 +65,8 @@ def test_pydantic_like_messages_are_accepted(tokenizer: Any) -> None:
     ("messages", "error", "match"),
     [
         ([], ValueError, "at least one message"),
-        ([{"role": "robot", "content": "x"}], ValueError, r"messages\[0\].role is 'robot'"),
+        ([{"role": 5, "content": "x"}], ValueError, r"messages\[0\].role must be a non-empty string, got 5"),
+        ([{"content": "x"}], ValueError, r"messages\[0\].role must be a non-empty string, got None"),
         ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], ValueError, "only 'text'"),
         ([{"role": "user", "content": [{"type": "text", "text": 3}]}], TypeError, "must be a string"),
         (["hello"], TypeError, "must be a mapping"),
@@ -86,6 +87,23 @@ def test_pydantic_like_messages_are_accepted(tokenizer: Any) -> None:
 def test_bad_messages(messages: list[Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         parse_chat_messages(messages)
+
+
+def test_custom_roles_reach_the_template(tokenizer: Any) -> None:
+    template = "{% for m in messages %}[{{ m.role }}|{{ m.content }}]{% endfor %}"
+    messages = [{"role": "robot", "content": "beep"}, {"role": "user", "content": "Hi"}]
+    assert apply_chat_template(tokenizer, messages, chat_template=template) == "[robot|beep][user|Hi]"
+
+
+def test_developer_role_is_system_for_templates_without_it(tokenizer: Any) -> None:
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    # SmolLM2's template knows no developer role: the message is its system prompt, as HF renders one.
+    expected = tokenizer.apply_chat_template(system, tokenize=False, add_generation_prompt=True)
+    assert apply_chat_template(tokenizer, developer) == expected
+    # A template that handles the role itself gets it as sent.
+    knows = "{% for m in messages %}{% if m.role == 'developer' %}D:{% endif %}{{ m.content }};{% endfor %}"
+    assert apply_chat_template(tokenizer, developer, chat_template=knows) == "D:Be brief.;Hi;"
 
 
 def test_none_content_becomes_empty_and_extra_keys_stay() -> None:

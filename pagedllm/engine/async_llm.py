@@ -87,6 +87,7 @@ class AsyncLLM:
             tokenizer,
             engine_config.structured_outputs_config,
             functools.partial(check_supports_watermarking, engine_config),
+            engine_config.scheduler_config.policy,
         )
         self.observer = RequestObserver.from_config(engine_config, model_name, log_requests)
         self.output_processor = OutputProcessor(

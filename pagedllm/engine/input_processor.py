@@ -85,8 +85,11 @@ class InputProcessor:
         tokenizer: Tokenizer | None,
         structured_outputs_config: _StructuredOutputsConfig | None = None,
         watermark_check: Callable[[SamplingParams], bool] | None = None,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         self.tokenizer = tokenizer
+        # Under "fcfs" a priority changes nothing: a request that gives one is refused, not misled.
+        self.scheduling_policy = scheduling_policy
         # The engine's watermark support check (spec 5.17), resolving each request's `watermarking`.
         self.watermark_check = watermark_check
         self.structured_outputs_config = structured_outputs_config
@@ -156,6 +159,12 @@ class InputProcessor:
     ) -> tuple[EngineCoreRequest, str | None]:
         """Validate and build the core request; returns it with the prompt text (for the outputs).
         `PoolingParams` make a pooling request (a pooling model only)."""
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise RequestError(
+                "priority",
+                f"priority={priority} has no effect: the scheduling policy is {self.scheduling_policy!r} "
+                "(start the engine with scheduling_policy='priority', --scheduling-policy priority)",
+            )
         prompt_token_ids, prompt_text = self.tokenize_prompt(prompt)
         validate_prompt_token_ids(prompt_token_ids, self.vocab_size)
         pooling = params if isinstance(params, PoolingParams) else None

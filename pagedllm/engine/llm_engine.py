@@ -103,6 +103,7 @@ class LLMEngine:
             tokenizer,
             engine_config.structured_outputs_config,
             functools.partial(check_supports_watermarking, engine_config),
+            engine_config.scheduler_config.policy,
         )
         self.observer = RequestObserver.from_config(
             engine_config, None, engine_config.logging_config.enable_log_requests

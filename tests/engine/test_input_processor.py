@@ -53,8 +53,17 @@ def test_prompt_forms(tokenizer: Any) -> None:
 
 
 def test_arrival_time_and_priority(tokenizer: Any) -> None:
-    request, _ = make(tokenizer).process_inputs("a", "Hi", None, arrival_time=12.5, priority=3)
+    processor = InputProcessor(FakeModelConfig(), tokenizer, scheduling_policy="priority")
+    request, _ = processor.process_inputs("a", "Hi", None, arrival_time=12.5, priority=3)
     assert request.arrival_time == 12.5 and request.priority == 3
+
+
+def test_priority_without_priority_scheduling_is_refused(tokenizer: Any) -> None:
+    # First come, first served ignores priorities: a request that sets one learns so.
+    with pytest.raises(RequestError, match="priority=-1 has no effect.*'fcfs'") as info:
+        make(tokenizer).process_inputs("a", "Hi", None, priority=-1)
+    assert info.value.param == "priority"
+    assert make(tokenizer).process_inputs("a", "Hi", None, priority=0)[0].priority == 0
 
 
 @pytest.mark.parametrize(

@@ -44,3 +44,14 @@ def tool_server() -> Iterator[RemoteServer]:
         yield remote
     finally:
         remote.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_flags_server() -> Iterator[RemoteServer]:
+    """The default model started with vLLM's front-end flags, shared by the modules that pin vLLM's wire
+    behaviour and the clients nobody here wrote (their requests leave the server as they found it)."""
+    remote = RemoteServer()
+    try:
+        yield remote
+    finally:
+        remote.kill()

@@ -96,8 +96,18 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "structural_tag": _NOT_SET,
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0),
-    "truncate_prompt_tokens": _NOT_SET,
     "logits_processors": (None, []),
+    "logprob_token_ids": _NOT_SET,
+    "cache_salt": _NOT_SET,
+    "session_id": _NOT_SET,
+    "ec_transfer_params": _NOT_SET,
+    "repetition_detection": _NOT_SET,
+    "thinking_token_budget": (None, -1),
+    # The server's --stream-interval applies; a request may only ask for what it already gets.
+    "stream_interval": (None, 1),
+    "routed_experts_prompt_start": (None, 0),
+    "return_prompt_text": (None, False),
+    "media_io_kwargs": (None, {}),
     "prompt_embeds": _NOT_SET,
     "mm_processor_kwargs": (None, {}),
     "return_tokens_as_token_ids": (None, False),
@@ -159,6 +169,11 @@ class SamplingFields(OpenAIBaseModel):
     guided_whitespace_pattern: str | None = None
     # vLLM's per-request watermark switch (None: the engine's watermark_config decides).
     watermarking: bool | None = None
+    # vLLM's: the prompt cut to its last (left) or first (right) N tokens; -1: to max_model_len.
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: the id the response carries (`cmpl-<request_id>`, `chatcmpl-<request_id>`); random if unset.
+    request_id: str | None = None
 
     def unsupported_fields(self, table: dict[str, tuple[Any, ...]] = UNSUPPORTED_FIELDS) -> list[str]:
         """The vLLM fields given with a value that asks for something pagedllm does not do."""

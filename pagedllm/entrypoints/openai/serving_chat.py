@@ -12,7 +12,7 @@ from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
 from pagedllm.entrypoints.openai.chat_rendering import ChatPromptRenderer
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import CHAT_UNSUPPORTED_FIELDS, UsageInfo, random_id
+from pagedllm.entrypoints.openai.protocol import CHAT_UNSUPPORTED_FIELDS, UsageInfo
 from pagedllm.entrypoints.openai.protocol_chat import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -43,9 +43,11 @@ from pagedllm.entrypoints.openai.serving_utils import (
     engine_dead_error,
     merge_streams,
     request_error,
+    response_id,
     sse,
     sse_error,
     start_requests,
+    truncate_prompt,
 )
 from pagedllm.outputs import CompletionOutput, Logprob
 
@@ -156,13 +158,17 @@ class OpenAIServingChat:
             request.chat_template_kwargs,
             [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None,
         )
-        token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM)
-        request_id = random_id("chatcmpl")
-        prompt: TokensPrompt = {"prompt_token_ids": token_ids, "prompt": text}
+        bounded = request.truncate_prompt_tokens is None
+        token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM, bounded)
+        kept = truncate_prompt(token_ids, request, self.engine.max_model_len)
+        request_id, engine_id = response_id("chatcmpl", request)
+        prompt: TokensPrompt = {"prompt_token_ids": kept}
+        if len(kept) == len(token_ids):
+            prompt["prompt"] = text
         try:
             streams = await start_requests(
                 self.engine,
-                request_id,
+                engine_id,
                 [prompt],
                 params,
                 request.priority,

@@ -8,7 +8,7 @@ from typing import Any
 
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
-from pagedllm.engine.input_processor import PromptType
+from pagedllm.engine.input_processor import PromptType, TokensPrompt
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     CompletionLogProbs,
@@ -17,7 +17,6 @@ from pagedllm.entrypoints.openai.protocol import (
     CompletionResponseChoice,
     CompletionStreamResponse,
     UsageInfo,
-    random_id,
 )
 from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
@@ -29,9 +28,11 @@ from pagedllm.entrypoints.openai.serving_utils import (
     engine_dead_error,
     merge_streams,
     request_error,
+    response_id,
     sse,
     sse_error,
     start_requests,
+    truncate_prompt,
 )
 from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 
@@ -114,17 +115,25 @@ class OpenAIServingCompletion:
         if request.ignored_fields():
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
 
-    async def _tokenized(self, request: CompletionRequest) -> list[PromptType]:
-        # Text prompts are tokenized here, off the event loop, rather than by the engine on it.
-        return [
-            {
-                "prompt_token_ids": await self.prompts.encode(p, request.add_special_tokens, PROMPT_PARAM),
-                "prompt": p,
+    async def _tokenized(self, request: CompletionRequest) -> list[TokensPrompt]:
+        # Text prompts are tokenized here, off the event loop, rather than by the engine on it; a prompt
+        # to be truncated may be longer than the context.
+        bounded = request.truncate_prompt_tokens is None
+        tokenized: list[TokensPrompt] = []
+        for p in _prompts(request.prompt):
+            text = p if isinstance(p, str) else None
+            if text is not None:
+                ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM, bounded)
+            else:
+                ids = p["prompt_token_ids"]  # type: ignore[index]
+            prompt: TokensPrompt = {
+                "prompt_token_ids": truncate_prompt(ids, request, self.engine.max_model_len)
             }
-            if isinstance(p, str)
-            else p
-            for p in _prompts(request.prompt)
-        ]
+            # The text goes with the ids unless truncation cut it (then the echo decodes what is left).
+            if text is not None and len(prompt["prompt_token_ids"]) == len(ids):
+                prompt["prompt"] = text
+            tokenized.append(prompt)
+        return tokenized
 
     async def create(
         self, request: CompletionRequest, trace_headers: dict[str, str] | None = None
@@ -136,10 +145,10 @@ class OpenAIServingCompletion:
         except ValueError as e:
             raise request_error(e, PROMPT_PARAM, request.constraint_param()) from e
         prompts = await self._tokenized(request)
-        request_id = random_id("cmpl")
+        request_id, engine_id = response_id("cmpl", request)
         streams = await start_requests(
             self.engine,
-            request_id,
+            engine_id,
             prompts,
             params,
             request.priority,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
@@ -14,7 +15,13 @@ from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import UNSUPPORTED_FIELDS, ErrorInfo, ErrorResponse, SamplingFields
+from pagedllm.entrypoints.openai.protocol import (
+    UNSUPPORTED_FIELDS,
+    ErrorInfo,
+    ErrorResponse,
+    SamplingFields,
+    random_id,
+)
 from pagedllm.entrypoints.openai.request_limits import RequestLimits
 from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
@@ -57,6 +64,34 @@ class PromptTokenizer:
             )
         ids = await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=add_special_tokens)
         return list(ids)
+
+
+def response_id(prefix: str, request: SamplingFields) -> tuple[str, str]:
+    """The response's id (vLLM's ``<prefix>-<request_id>`` when the client gave one) and the engine's id
+    for the request: the client's id made unique, so two requests that reuse one never collide."""
+    if request.request_id is None:
+        rid = random_id(prefix)
+        return rid, rid
+    rid = f"{prefix}-{request.request_id}"
+    return rid, f"{rid}-{uuid.uuid4().hex[:8]}"
+
+
+def truncate_prompt(token_ids: list[int], request: SamplingFields, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (its first N with truncation_side
+    "right"); -1 means max_model_len."""
+    keep = request.truncate_prompt_tokens
+    if keep is None:
+        return token_ids
+    if keep == -1:
+        keep = max_model_len
+    if keep > max_model_len:
+        raise OpenAIError(
+            f"truncate_prompt_tokens={keep} is more than the maximum model length of {max_model_len}",
+            param="truncate_prompt_tokens",
+        )
+    if len(token_ids) <= keep:
+        return token_ids
+    return token_ids[:keep] if request.truncation_side == "right" else token_ids[len(token_ids) - keep :]
 
 
 def check_supported_fields(
