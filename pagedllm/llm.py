@@ -12,6 +12,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from pagedllm.beam_search import BeamSearch, BeamSearchOutput, run_beam_search, step_params
 from pagedllm.chat_template import apply_chat_template
 from pagedllm.config.args import EngineArgs
 from pagedllm.engine.input_processor import PromptType, TokensPrompt
@@ -21,7 +22,7 @@ from pagedllm.llm_pooling import PoolingMixin
 from pagedllm.lora.request import LoRARequest, lora_per_prompt
 from pagedllm.outputs import PoolingRequestOutput, RequestOutput
 from pagedllm.pooling_params import PoolingParams
-from pagedllm.sampling_params import RequestOutputKind, SamplingParams
+from pagedllm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 
 class LLM(PoolingMixin):
@@ -130,6 +131,46 @@ class LLM(PoolingMixin):
         outputs = self._run_requests(prompt_list, params_list, use_tqdm, priority, loras)
         return outputs  # type: ignore[return-value]
 
+    def beam_search(
+        self,
+        prompts: Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search: per prompt, the beam_width best sequences (prompt tokens included, text
+        decoded from them), best first. ``concurrency_limit`` searches that many prompts at a time."""
+        tokenizer = self.get_tokenizer()
+        processor = self.llm_engine.input_processor
+        loras = lora_per_prompt(lora_request, len(prompts))
+        searches = [
+            BeamSearch(
+                processor.tokenize_prompt(prompt)[0],
+                params,
+                None if params.ignore_eos else processor.eos_token_id,
+                processor.max_model_len,
+                None if loras is None else loras[i],
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        sampling = step_params(params)
+
+        def generate(token_ids: list[list[int]], adapters: list[Any]) -> list[RequestOutput]:
+            beams = [TokensPrompt(prompt_token_ids=ids) for ids in token_ids]
+            return self.generate(beams, sampling, use_tqdm=False, lora_request=adapters)
+
+        limit = concurrency_limit or len(searches) or 1
+        for start in tqdm(range(0, len(searches), limit), desc="Beam search", disable=not use_tqdm):
+            run_beam_search(searches[start : start + limit], generate)
+        outputs = []
+        for search in searches:
+            best = search.best()
+            for beam in best:
+                beam.text = tokenizer.decode(beam.tokens)
+            outputs.append(BeamSearchOutput(sequences=best))
+        return outputs
+
     def _run_requests(
         self,
         prompts: Sequence[PromptType],
@@ -222,7 +263,9 @@ class LLM(PoolingMixin):
                 final[id(params)] = copy
         return [final[id(params)] for params in given]
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput | PoolingRequestOutput]:
+    def _run_engine(
+        self, request_ids: list[str], use_tqdm: bool
+    ) -> list[RequestOutput | PoolingRequestOutput]:
         pending = set(request_ids)
         finished: dict[str, RequestOutput | PoolingRequestOutput] = {}
         bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)

@@ -59,6 +59,20 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2
 
 
+class BeamSearchParams(msgspec.Struct, omit_defaults=True):
+    """vLLM's beam search parameters (`LLM.beam_search`; the server builds them from use_beam_search, n
+    as beam_width, length_penalty). Checked when a search starts."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    # Divides the cumulative logprob by the length to this power: > 1 favours longer beams.
+    length_penalty: float = 1.0
+    # vLLM's field; beam search stops at EOS only, so there is no stop string to include.
+    include_stop_str_in_output: bool = False
+
+
 class _Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 

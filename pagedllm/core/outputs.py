@@ -33,6 +33,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # The stop token id (int) that ended the request, if any.
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Of num_cached_tokens, those a KV connector supplied (vllm:prompt_tokens_by_source).
+    num_external_computed_tokens: int = 0
     # When the scheduler first scheduled the request (queue time = this - arrival_time). Wall clock
     # (time.time()), like the front-end's arrival_time: time.monotonic()'s reference point is undefined,
     # so it is only comparable within one process. Sent once, with the request's first output.

@@ -123,6 +123,8 @@ class Request:
         self.spec_token_ids: list[int] = []
         # Prompt tokens served from the prefix cache when first scheduled (-1: not scheduled yet).
         self.num_cached_tokens = -1
+        # Of those, the ones a KV connector supplied (the rest were found in the local prefix cache).
+        self.num_external_computed_tokens = 0
         self.num_preemptions = 0
         # Wall-clock time the scheduler first scheduled the request (a resume after preemption keeps
         # it: the queue time ends once); reported to the front-end once, with the next output.

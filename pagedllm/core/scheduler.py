@@ -435,6 +435,7 @@ class Scheduler(SchedulerUpdate):
                 self.external_hits += num_external
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
+                request.num_external_computed_tokens = num_external
             if request.first_scheduled_time is None:
                 # Wall clock: the front-end subtracts its own time.time() arrival from it.
                 request.first_scheduled_time = time.time()

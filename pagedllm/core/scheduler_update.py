@@ -129,6 +129,7 @@ class SchedulerUpdate:
                     finish_reason=request.get_finished_reason(),
                     stop_reason=request.stop_reason,
                     num_cached_tokens=max(request.num_cached_tokens, 0),
+                    num_external_computed_tokens=request.num_external_computed_tokens,
                     # Rides on the first output rather than a message of its own (a mid-prefill chunk
                     # reports nothing): queue time is only recorded once the request finishes anyway.
                     first_scheduled_time=request.take_first_scheduled_time(),

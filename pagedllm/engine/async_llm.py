@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator
@@ -98,10 +99,20 @@ class AsyncLLM:
         self._tracker = RequestStatsTracker()
         lora_config = engine_config.lora_config
         self.prometheus = PrometheusStatLogger(
-            model_name, self.max_model_len, lora_config.max_loras if lora_config is not None else None,
+            model_name,
+            self.max_model_len,
+            lora_config.max_loras if lora_config is not None else None,
             speculative=engine_config.speculative_config is not None,
             engine_indexes=_metric_engine_indexes(engine_config),
         )
+        self.prometheus.record_sleep_state(0)
+        startup = getattr(client, "startup_info", None)
+        cache = engine_config.cache_config
+        cache_config = {field.name: getattr(cache, field.name) for field in dataclasses.fields(cache)}
+        if startup is not None:
+            # Sized in the core's process: known here from what it reported at start-up.
+            cache_config["num_gpu_blocks"] = startup.num_gpu_blocks
+        self.prometheus.log_cache_config(cache_config)
         # LoRA adapters the core has read and checked (each is checked before its first request).
         self._loras: set[int] = set()
         self.stat_logger = LoggingStatLogger() if log_stats else None
@@ -163,24 +174,35 @@ class AsyncLLM:
         if lora_request is not None and lora_request.lora_int_id not in self._loras:
             await self.add_lora(lora_request)
         request, prompt_text = self.input_processor.process_inputs(
-            request_id, prompt, params, priority=priority, trace_headers=trace_headers, lora_request=lora_request
+            request_id,
+            prompt,
+            params,
+            priority=priority,
+            trace_headers=trace_headers,
+            lora_request=lora_request,
         )
         collector = RequestOutputCollector(request.sampling_params.output_kind)
         core_requests = self.output_processor.add_user_request(request, prompt_text, sink=collector)
         self._collectors[request_id] = collector
+        # The n choices of a request are core requests of their own; the metrics see them as one.
+        parent = (request_id, len(core_requests)) if len(core_requests) > 1 else None
         try:
             for core_request in core_requests:
-                await self._send(core_request)
+                await self._send(core_request, parent)
         except BaseException:
             self.abort_now(request_id)
             self._collectors.pop(request_id, None)
             raise
         return RequestStream(self, request_id, collector)
 
-    async def _send(self, request: EngineCoreRequest) -> None:
+    async def _send(self, request: EngineCoreRequest, parent: tuple[str, int] | None = None) -> None:
         # The request's own (wall-clock) arrival, the same clock as the core's scheduling time.
         self._tracker.add_request(
-            request.request_id, len(request.prompt_token_ids), arrival_time=request.arrival_time
+            request.request_id,
+            len(request.prompt_token_ids),
+            arrival_time=request.arrival_time,
+            max_tokens=request.sampling_params.max_tokens,
+            parent=parent,
         )
         await self.client.add_request_async(request)
 
@@ -239,10 +261,13 @@ class AsyncLLM:
     async def sleep(self, level: int = 1) -> None:
         await self.call_utility("sleep", level)
         self._sleeping = True
+        self.prometheus.record_sleep_state(level)
 
     async def wake_up(self, tags: list[str] | None = None) -> None:
         await self.call_utility("wake_up", tags)
         self._sleeping = bool(await self.call_utility("is_sleeping"))
+        if not self._sleeping:
+            self.prometheus.record_sleep_state(0)
 
     def is_sleeping(self) -> bool:
         return self._sleeping

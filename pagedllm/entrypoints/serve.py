@@ -23,6 +23,7 @@ DEFAULT_MAX_N_SEQUENCES = 128
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from pagedllm.config.args import EngineArgs
+    from pagedllm.entrypoints.openai.cli_args import add_frontend_args
 
     parser = subparsers.add_parser(
         "serve",
@@ -114,6 +115,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         action="store_true",
         help="Do not log requests even when --enable-log-requests is given.",
     )
+    add_frontend_args(server)
     EngineArgs.add_cli_args(parser, model_positional=True)
     return parser
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pagedllm.engine.protocol import EngineCoreOutputs, FinishReason
+from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
 
 @dataclass
@@ -30,6 +30,13 @@ class FinishedRequestStats:
     prefill_time: float | None = None
     decode_time: float | None = None
     inference_time: float | None = None
+    # The request's max_tokens (vllm:request_params_max_tokens) and its prompt tokens served from a cache.
+    max_tokens_param: int | None = None
+    num_cached_tokens: int = 0
+    # Set on the last request of a user request to finish (each of its n choices is one): its n, and the
+    # most tokens any of them generated (vllm:request_params_n, vllm:request_max_num_generation_tokens).
+    params_n: int | None = None
+    max_num_generation_tokens: int | None = None
 
     @property
     def time_per_output_token(self) -> float | None:
@@ -44,6 +51,13 @@ class IterationStats:
     """What one batch of core outputs contributed."""
 
     num_prompt_tokens: int = 0
+    # The prompt tokens above by where their KV came from (vllm:prompt_tokens_by_source): computed here,
+    # found in the local prefix cache, loaded by a KV connector; and the cached ones computed again
+    # anyway (a fully cached prompt's last token, which must run to sample from).
+    num_prompt_tokens_computed: int = 0
+    num_prompt_tokens_local_hit: int = 0
+    num_prompt_tokens_external: int = 0
+    num_prompt_tokens_recomputed: int = 0
     num_generation_tokens: int = 0
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
@@ -51,9 +65,21 @@ class IterationStats:
 
 
 @dataclass
+class _ParentStats:
+    """A user request made of n core requests (its choices)."""
+
+    n: int
+    num_finished: int = 0
+    max_num_generation_tokens: int = 0
+
+
+@dataclass
 class _RequestTimes:
     arrival_time: float
     num_prompt_tokens: int
+    max_tokens: int | None = None
+    parent: _ParentStats | None = None
+    num_cached_tokens: int = 0
     num_generation_tokens: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -65,10 +91,26 @@ class RequestStatsTracker:
 
     def __init__(self) -> None:
         self._requests: dict[str, _RequestTimes] = {}
+        self._parents: dict[str, _ParentStats] = {}
+        self._parent_ids: dict[str, str | None] = {}
 
-    def add_request(self, request_id: str, num_prompt_tokens: int, arrival_time: float | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        arrival_time: float | None = None,
+        max_tokens: int | None = None,
+        parent: tuple[str, int] | None = None,
+    ) -> None:
+        """``parent``: the user request's id and n, for a core request that is one of its n choices."""
         now = time.time() if arrival_time is None else arrival_time
-        self._requests[request_id] = _RequestTimes(arrival_time=now, num_prompt_tokens=num_prompt_tokens)
+        parent_stats = None
+        if parent is not None:
+            parent_stats = self._parents.setdefault(parent[0], _ParentStats(parent[1]))
+        self._requests[request_id] = _RequestTimes(
+            arrival_time=now, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens, parent=parent_stats
+        )
+        self._parent_ids[request_id] = parent[0] if parent is not None else None
 
     def finish_request(
         self, request_id: str, reason: FinishReason, now: float | None = None
@@ -77,7 +119,24 @@ class RequestStatsTracker:
         times = self._requests.pop(request_id, None)
         if times is None:
             return None
-        return _finished(times, reason, time.time() if now is None else now)
+        return self._finish(request_id, times, reason, time.time() if now is None else now)
+
+    def _finish(
+        self, request_id: str, times: _RequestTimes, reason: FinishReason, now: float
+    ) -> FinishedRequestStats:
+        finished = _finished(times, reason, now)
+        parent = times.parent
+        parent_id = self._parent_ids.pop(request_id, None)
+        if parent is None:
+            finished.params_n, finished.max_num_generation_tokens = 1, times.num_generation_tokens
+            return finished
+        parent.num_finished += 1
+        parent.max_num_generation_tokens = max(parent.max_num_generation_tokens, times.num_generation_tokens)
+        if parent.num_finished == parent.n:
+            finished.params_n, finished.max_num_generation_tokens = parent.n, parent.max_num_generation_tokens
+            if parent_id is not None:
+                self._parents.pop(parent_id, None)
+        return finished
 
     def update(self, outputs: EngineCoreOutputs, now: float | None = None) -> IterationStats:
         now = time.time() if now is None else now
@@ -92,7 +151,8 @@ class RequestStatsTracker:
             if num_new:
                 if times.first_token_time is None:
                     times.first_token_time = now
-                    stats.num_prompt_tokens += times.num_prompt_tokens
+                    times.num_cached_tokens = output.num_cached_tokens
+                    _count_prompt_sources(stats, times.num_prompt_tokens, output)
                     stats.time_to_first_tokens.append(now - times.arrival_time)
                 else:
                     stats.inter_token_latencies.append(now - times.last_token_time)
@@ -101,10 +161,28 @@ class RequestStatsTracker:
                 stats.num_generation_tokens += num_new
             if output.finish_reason is not None:
                 del self._requests[output.request_id]
-                stats.finished_requests.append(_finished(times, output.finish_reason, now))
+                stats.finished_requests.append(
+                    self._finish(output.request_id, times, output.finish_reason, now)
+                )
         for request_id in outputs.errors:
-            self._requests.pop(request_id, None)
+            if self._requests.pop(request_id, None) is not None:
+                parent_id = self._parent_ids.pop(request_id, None)
+                # A refused choice fails its whole user request: nothing is left to wait for.
+                if parent_id is not None:
+                    self._parents.pop(parent_id, None)
         return stats
+
+
+def _count_prompt_sources(stats: IterationStats, num_prompt_tokens: int, output: EngineCoreOutput) -> None:
+    """vLLM's split of the prompt's tokens by source; a fully cached prompt's last token is computed
+    again (it must run to sample from) and counts as both cached and recomputed."""
+    cached = output.num_cached_tokens
+    recomputed = 1 if cached + 1 == num_prompt_tokens else 0
+    stats.num_prompt_tokens += num_prompt_tokens
+    stats.num_prompt_tokens_computed += num_prompt_tokens - cached
+    stats.num_prompt_tokens_local_hit += cached + recomputed - output.num_external_computed_tokens
+    stats.num_prompt_tokens_external += output.num_external_computed_tokens
+    stats.num_prompt_tokens_recomputed += recomputed
 
 
 def _finished(times: _RequestTimes, reason: FinishReason, now: float) -> FinishedRequestStats:
@@ -127,4 +205,6 @@ def _finished(times: _RequestTimes, reason: FinishReason, now: float) -> Finishe
         prefill_time=prefill_time,
         decode_time=decode_time,
         inference_time=inference_time,
+        max_tokens_param=times.max_tokens,
+        num_cached_tokens=times.num_cached_tokens,
     )

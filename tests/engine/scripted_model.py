@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from pagedllm.config import (
+    CacheConfig,
     LoggingConfig,
     ObservabilityConfig,
     ParallelConfig,
@@ -38,6 +39,7 @@ def fake_engine_config(**sub_configs: Any) -> Any:
         "model_config": FakeModelConfig(),
         "structured_outputs_config": StructuredOutputsConfig(),
         "scheduler_config": SchedulerConfig(),
+        "cache_config": CacheConfig(),
         "logging_config": LoggingConfig(),
         "observability_config": ObservabilityConfig(),
         "parallel_config": ParallelConfig(),

@@ -50,8 +50,26 @@ def tool_server() -> Iterator[RemoteServer]:
 def vllm_flags_server() -> Iterator[RemoteServer]:
     """The default model started with vLLM's front-end flags, shared by the modules that pin vLLM's wire
     behaviour and the clients nobody here wrote (their requests leave the server as they found it)."""
-    remote = RemoteServer()
+    remote = RemoteServer(extra_args=VLLM_FRONTEND_FLAGS)
     try:
         yield remote
     finally:
         remote.kill()
+
+
+# vLLM's front-end flags the shared server starts with (as a vLLM launch command gives them).
+VLLM_FRONTEND_FLAGS = [
+    "--disable-frontend-multiprocessing",
+    "--enable-prompt-tokens-details",
+    "--enable-server-load-tracking",
+    "--enable-tokenizer-info-endpoint",
+    "--return-tokens-as-token-ids",
+    "--enable-request-id-headers",
+    "--api-server-count",
+    "1",
+    "--default-chat-template-kwargs",
+    '{"greeting": "Ahoy"}',
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+]

@@ -147,3 +147,52 @@ def test_a_choice_ahead_of_the_prompt_logprobs_is_held_back(late_piece_with_toke
     full = run_full(make_request(2, stream=False), final)
     for choice in full:
         assert joined(streamed, choice["index"]) == as_joined(choice)
+
+
+def final_output(tokens: list[int]) -> RequestOutput:
+    return output([piece(0, tokens, finish="length")], PROMPT_ROWS)
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone() -> None:
+    # lm-evaluation-harness' loglikelihood request: the prompt back with each of its tokens' logprobs.
+    request = CompletionRequest(prompt=PROMPT, echo=True, max_tokens=0, logprobs=1)
+    # The engine samples one token (it cannot sample none); it is not part of the answer.
+    assert request.to_sampling_params().max_tokens == 1
+    (choice,) = run_full(request, final_output([3]))
+    assert choice["text"] == PROMPT
+    assert choice["logprobs"]["tokens"] == ["The", " sky", " is"]
+    assert choice["logprobs"]["token_logprobs"] == [None, -2.5, -1.25]
+    assert choice["logprobs"]["top_logprobs"] == [None, {" sky": -2.5, "!": -0.1}, {" is": -1.25, "!": -0.1}]
+    streamed = run_stream(request.model_copy(update={"stream": True}), [final_output([3])])
+    assert as_joined(choice) == joined(streamed, 0)
+    with pytest.raises(ValueError, match="max_tokens must be at least 1") as info:
+        CompletionRequest(prompt=PROMPT, max_tokens=0).to_sampling_params()
+    assert info.value.param == "max_tokens"  # type: ignore[attr-defined]
+
+
+def test_prompt_logprobs_in_vllms_shape() -> None:
+    request = CompletionRequest(prompt=PROMPT, prompt_logprobs=1, max_tokens=1)
+    (choice,) = run_full(request, final_output([3]))
+    assert choice["logprobs"] is None  # only the prompt's were asked for
+    assert choice["prompt_logprobs"] == [
+        None,
+        {
+            1: {"logprob": -2.5, "rank": 2, "decoded_token": " sky"},
+            6: {"logprob": -0.1, "rank": 1, "decoded_token": "!"},
+        },
+        {
+            2: {"logprob": -1.25, "rank": 2, "decoded_token": " is"},
+            6: {"logprob": -0.1, "rank": 1, "decoded_token": "!"},
+        },
+    ]
+
+
+def test_tokens_as_token_ids() -> None:
+    request = CompletionRequest(
+        prompt=PROMPT, echo=True, max_tokens=1, logprobs=1, return_tokens_as_token_ids=True
+    )
+    (choice,) = run_full(request, final_output([3]))
+    assert choice["logprobs"]["tokens"] == ["token_id:0", "token_id:1", "token_id:2", "token_id:3"]
+    assert choice["logprobs"]["top_logprobs"][1] == {"token_id:1": -2.5, "token_id:6": -0.1}
+    # Offsets count the strings as written.
+    assert choice["logprobs"]["text_offset"] == [0, 10, 20, 30]

@@ -255,3 +255,84 @@ def test_data_parallel_ranks_get_their_own_series() -> None:
     alone = PrometheusStatLogger("m", 128, engine_indexes=[3])
     alone.record(SchedulerStats(num_running_reqs=2), None, 3)
     assert _samples(alone)[(running, (("engine", "3"), ("model_name", "m")))] == 2
+
+
+def test_request_params_and_the_n_choices_of_one_request() -> None:
+    prom = PrometheusStatLogger("m", max_model_len=128)
+    tracker = RequestStatsTracker()
+    # A request with n=2 (two core requests) and max_tokens=8, then a plain one with max_tokens=3.
+    for child in ("0_p", "1_p"):
+        tracker.add_request(child, num_prompt_tokens=4, arrival_time=0.0, max_tokens=8, parent=("p", 2))
+    tracker.add_request("q", num_prompt_tokens=4, arrival_time=0.0, max_tokens=3)
+    first = tracker.update(_outputs(("0_p", [1, 2, 3], FinishReason.STOP), ("1_p", [1], None)), now=1.0)
+    # One choice finished: its user request is not done yet.
+    assert [f.params_n for f in first.finished_requests] == [None]
+    second = tracker.update(
+        _outputs(("1_p", [2, 3, 4, 5], FinishReason.LENGTH), ("q", [7], FinishReason.STOP)), now=2.0
+    )
+    by_id = {f.max_tokens_param: f for f in second.finished_requests}
+    assert (by_id[8].params_n, by_id[8].max_num_generation_tokens) == (2, 5)
+    assert (by_id[3].params_n, by_id[3].max_num_generation_tokens) == (1, 1)
+    prom.record(None, first)
+    prom.record(None, second)
+    samples = _samples(prom)
+    model = (("model_name", "m"),)
+    assert samples[("vllm:request_params_n_count", model)] == 2
+    assert samples[("vllm:request_params_n_sum", model)] == 3
+    assert samples[("vllm:request_params_n_bucket", (("le", "1.0"), ("model_name", "m")))] == 1
+    assert samples[("vllm:request_params_max_tokens_sum", model)] == 8 + 8 + 3
+    assert samples[("vllm:request_max_num_generation_tokens_sum", model)] == 5 + 1
+
+
+def test_prompt_tokens_by_source() -> None:
+    prom = PrometheusStatLogger("m", max_model_len=128)
+    tracker = RequestStatsTracker()
+    tracker.add_request("a", num_prompt_tokens=40, arrival_time=0.0)
+    tracker.add_request("b", num_prompt_tokens=33, arrival_time=0.0)
+    outputs = EngineCoreOutputs(
+        outputs=[
+            # 32 tokens from caches (16 of them loaded by a KV connector), 8 computed.
+            EngineCoreOutput(
+                "a", [1], num_cached_tokens=32, num_external_computed_tokens=16, first_scheduled_time=0.0
+            ),
+            # Fully cached: the last prompt token runs again to sample from.
+            EngineCoreOutput("b", [1], finish_reason=FinishReason.STOP, num_cached_tokens=32, first_scheduled_time=0.0),
+        ]
+    )
+    prom.record(None, tracker.update(outputs, now=1.0))
+    samples = _samples(prom)
+    model = (("model_name", "m"),)
+
+    def source(name: str) -> float:
+        return samples[("vllm:prompt_tokens_by_source_total", (("model_name", "m"), ("source", name)))]
+
+    assert (source("local_compute"), source("local_cache_hit"), source("external_kv_transfer")) == (
+        8 + 1,
+        16 + 33,
+        16,
+    )
+    assert samples[("vllm:prompt_tokens_cached_total", model)] == 64
+    assert samples[("vllm:prompt_tokens_recomputed_total", model)] == 1
+    # The finished request computed one new KV token in its prefill.
+    assert samples[("vllm:request_prefill_kv_computed_tokens_sum", model)] == 1
+
+
+def test_cache_config_info_and_sleep_state() -> None:
+    prom = PrometheusStatLogger("m", max_model_len=128)
+    prom.log_cache_config({"block_size": 16, "num_gpu_blocks": 90, "enable_prefix_caching": True})
+    prom.record_sleep_state(0)
+    samples = _samples(prom)
+    info = (
+        ("block_size", "16"),
+        ("enable_prefix_caching", "True"),
+        ("engine", "0"),
+        ("num_gpu_blocks", "90"),
+    )
+    assert samples[("vllm:cache_config_info", info)] == 1
+
+    def state(name: str) -> float:
+        return _samples(prom)[("vllm:engine_sleep_state", (("model_name", "m"), ("sleep_state", name)))]
+
+    assert (state("awake"), state("weights_offloaded"), state("discard_all")) == (1, 0, 0)
+    prom.record_sleep_state(2)
+    assert (state("awake"), state("weights_offloaded"), state("discard_all")) == (0, 0, 1)

@@ -31,6 +31,7 @@ from pagedllm import envs
 from pagedllm.engine.async_llm import AsyncLLM
 from pagedllm.engine.core_client import EngineCoreProcess, EngineDeadError
 from pagedllm.entrypoints.openai.chat_rendering import ChatPromptRenderer, load_chat_template
+from pagedllm.entrypoints.openai.cli_args import FrontendOptions
 from pagedllm.entrypoints.openai.dev_routes import register_operation_routes
 from pagedllm.entrypoints.openai.errors import (
     OpenAIError,
@@ -49,12 +50,21 @@ from pagedllm.entrypoints.openai.protocol import (
     TokenizeCompletionRequest,
 )
 from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, TokenizeChatRequest
+from pagedllm.entrypoints.openai.protocol_responses import ResponsesRequest
 from pagedllm.entrypoints.openai.request_limits import RequestLimits, parse_request_limits
+from pagedllm.entrypoints.openai.server_info import (
+    RequestIdHeaderMiddleware,
+    ServerLoad,
+    add_load_route,
+    add_tokenizer_info_route,
+)
 from pagedllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from pagedllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from pagedllm.entrypoints.openai.serving_invocations import Invocation, add_invocations_route
 from pagedllm.entrypoints.openai.serving_lora import LoRARegistry, add_lora_routes, parse_lora_module
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_pooling import OpenAIServingPooling, add_pooling_routes
+from pagedllm.entrypoints.openai.serving_responses import OpenAIServingResponses
 from pagedllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from pagedllm.entrypoints.openai.serving_tools import ToolCallingConfig, load_tool_calling_config
 from pagedllm.entrypoints.openai.serving_utils import PromptTokenizer
@@ -108,19 +118,29 @@ def build_app(
     limits: RequestLimits,
     tool_calling: ToolCallingConfig | None = None,
     template_sandbox: TemplateSandbox | None = None,
+    args: argparse.Namespace | None = None,
 ) -> FastAPI:
     """``chat_template``: the operator's template text; ``template_sandbox``: where templates sent in
-    requests render (None: they are refused)."""
-    app = FastAPI(title="pagedllm OpenAI-compatible server", version=pagedllm.__version__)
+    requests render (None: they are refused); ``args``: `pagedllm serve`'s flags (vLLM's front-end
+    flags among them), None for their defaults."""
+    options = FrontendOptions() if args is None else FrontendOptions.from_args(args)
+    docs = args is None or not args.disable_fastapi_docs
+    app = FastAPI(
+        title="pagedllm OpenAI-compatible server",
+        version=pagedllm.__version__,
+        **({} if docs else {"openapi_url": None, "docs_url": None, "redoc_url": None}),
+    )
     lora = LoRARegistry(engine, served_model_names) if engine.engine_config.lora_config is not None else None
     app.state.lora = lora
     models = OpenAIServingModels(
         served_model_names, str(engine.model_config.model), engine.max_model_len, lora
     )
     prompts = PromptTokenizer(engine.tokenizer, engine.max_model_len)
-    completions = OpenAIServingCompletion(engine, models, prompts, limits)
-    chat_renderer = ChatPromptRenderer(engine.tokenizer, chat_template, template_sandbox)
-    chat = OpenAIServingChat(engine, models, prompts, chat_renderer, limits, tool_calling)
+    completions = OpenAIServingCompletion(engine, models, prompts, limits, options)
+    chat_renderer = ChatPromptRenderer(
+        engine.tokenizer, chat_template, template_sandbox, options.default_chat_template_kwargs
+    )
+    chat = OpenAIServingChat(engine, models, prompts, chat_renderer, limits, tool_calling, options)
     tokenization = OpenAIServingTokenization(engine, models, prompts, chat_renderer)
     pooling = OpenAIServingPooling(engine, models, prompts, limits)
 
@@ -144,6 +164,12 @@ def build_app(
 
     # Added first, so it runs innermost: around the routes and their exception handlers only.
     app.add_middleware(InternalErrorMiddleware)
+    if args is not None and args.enable_server_load_tracking:
+        add_load_route(app, ServerLoad())
+    if args is not None and args.enable_tokenizer_info_endpoint:
+        add_tokenizer_info_route(app, engine.tokenizer, chat_template)
+    if args is not None and args.enable_request_id_headers:
+        app.add_middleware(RequestIdHeaderMiddleware)
     if api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     # Added last, so it runs first: an oversized body is refused before anything reads it.
@@ -182,8 +208,23 @@ def build_app(
         async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Any:
             return await _respond(raw, chat.create(request, extract_trace_headers(raw.headers)))
 
+        responses = OpenAIServingResponses(chat)
+
+        @app.post("/v1/responses")
+        async def create_response(request: ResponsesRequest, raw: Request) -> Any:
+            return await _respond(raw, responses.create(request, extract_trace_headers(raw.headers)))
+
+        @app.get("/v1/responses/{response_id}")
+        async def retrieve_response(response_id: str) -> JSONResponse:
+            return JSONResponse(responses.retrieve(response_id))
+
+        invocations: list[Invocation] = [
+            (ChatCompletionRequest, create_chat_completion),
+            (CompletionRequest, create_completion),
+        ]
     else:
-        add_pooling_routes(app, pooling, _respond)
+        invocations = add_pooling_routes(app, pooling, _respond)
+    add_invocations_route(app, invocations)
 
     @app.post("/tokenize")
     async def tokenize(body: Annotated[dict[str, Any], Body()]) -> JSONResponse:
@@ -215,6 +256,8 @@ async def _respond(raw: Request, work: Awaitable[Any]) -> Any:
         return result
     if hasattr(result, "model_dump"):
         return JSONResponse(result.model_dump())
+    if isinstance(result, dict):
+        return JSONResponse(result)
     # A stream: StreamingResponse cancels the generator when the client disconnects, and the
     # generator's clean-up aborts the engine requests.
     return _streaming(result)
@@ -333,6 +376,7 @@ async def run_server(
             limits=limits,
             tool_calling=tool_calling,
             template_sandbox=sandbox,
+            args=args,
         )
         for module in lora_modules:
             try:
@@ -344,6 +388,13 @@ async def run_server(
             app,
             host=args.host,
             port=args.port,
+            uds=args.uds,
+            root_path=args.root_path or "",
+            access_log=not args.disable_uvicorn_access_log,
+            ssl_keyfile=args.ssl_keyfile,
+            ssl_certfile=args.ssl_certfile,
+            ssl_ca_certs=args.ssl_ca_certs,
+            ssl_cert_reqs=args.ssl_cert_reqs,
             log_level=args.uvicorn_log_level,
             timeout_graceful_shutdown=engine_config.shutdown_timeout + _Server.WRITE_OUT_S,
             # Keep-alive connections must not hold the drain open.

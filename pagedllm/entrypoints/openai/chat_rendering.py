@@ -47,13 +47,19 @@ def _render_error(error: Exception) -> OpenAIError:
 
 class ChatPromptRenderer:
     def __init__(
-        self, tokenizer: Any, operator_template: str | None, sandbox: TemplateSandbox | None
+        self,
+        tokenizer: Any,
+        operator_template: str | None,
+        sandbox: TemplateSandbox | None,
+        default_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """``operator_template``: --chat-template's text (None: the model's); ``sandbox``: where request
-        templates render (None: they are refused, as without --trust-request-chat-template)."""
+        templates render (None: they are refused, as without --trust-request-chat-template);
+        ``default_kwargs``: --default-chat-template-kwargs (a request's own chat_template_kwargs win)."""
         self.tokenizer = tokenizer
         self.operator_template = operator_template
         self.sandbox = sandbox
+        self.default_kwargs = default_kwargs or {}
 
     def _prepare(self, template: str | None, messages: list[Any], **options: Any) -> ChatRender:
         try:
@@ -81,7 +87,7 @@ class ChatPromptRenderer:
         options: dict[str, Any] = {
             "add_generation_prompt": add_generation_prompt,
             "continue_final_message": continue_final_message,
-            "chat_template_kwargs": chat_template_kwargs,
+            "chat_template_kwargs": {**self.default_kwargs, **(chat_template_kwargs or {})},
             "tools": tools,
         }
         if request_template is None:

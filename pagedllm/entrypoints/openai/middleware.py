@@ -30,11 +30,7 @@ class ApiKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] not in OPEN_PATHS
-            and scope["method"] != "OPTIONS"
-        ):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Constant-time comparison: the key must not leak through response timing.
             if not secrets.compare_digest(given, self.expected):

@@ -80,10 +80,16 @@ class StreamOptions(OpenAIBaseModel):
     continuous_usage_stats: bool = False
 
 
+class PromptTokenUsageInfo(OpenAIBaseModel):
+    # Prompt tokens served from the prefix cache (--enable-prompt-tokens-details).
+    cached_tokens: int | None = None
+
+
 class UsageInfo(OpenAIBaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokenUsageInfo | None = None
 
 
 # Fields vLLM's server takes that pagedllm does not implement yet, each with the values that ask for
@@ -94,8 +100,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     # The backend is the server's choice (--structured-outputs-config.backend), not a request's.
     "guided_decoding_backend": _NOT_SET,
     "structural_tag": _NOT_SET,
-    "use_beam_search": (None, False),
-    "length_penalty": (None, 1.0),
     "logits_processors": (None, []),
     "logprob_token_ids": _NOT_SET,
     "cache_salt": _NOT_SET,
@@ -110,7 +114,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "media_io_kwargs": (None, {}),
     "prompt_embeds": _NOT_SET,
     "mm_processor_kwargs": (None, {}),
-    "return_tokens_as_token_ids": (None, False),
     "return_token_ids": (None, False),
     "kv_transfer_params": _NOT_SET,
     "vllm_xargs": _NOT_SET,
@@ -123,8 +126,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "modalities": (None, ["text"]),
     "prediction": _NOT_SET,
 }
-# Chat's `echo` (repeat the last message) means nothing like the completion echo that pagedllm implements.
-CHAT_UNSUPPORTED_FIELDS = {**UNSUPPORTED_FIELDS, "echo": (None, False)}
 
 
 class SamplingFields(OpenAIBaseModel):
@@ -169,9 +170,14 @@ class SamplingFields(OpenAIBaseModel):
     guided_whitespace_pattern: str | None = None
     # vLLM's per-request watermark switch (None: the engine's watermark_config decides).
     watermarking: bool | None = None
+    # vLLM's beam search: n beams, scored by cumulative logprob over length ** length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     # vLLM's: the prompt cut to its last (left) or first (right) N tokens; -1: to max_model_len.
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None
+    # vLLM's: logprob tokens as "token_id:<id>" (None: the server's --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
     # vLLM's: the id the response carries (`cmpl-<request_id>`, `chatcmpl-<request_id>`); random if unset.
     request_id: str | None = None
 
@@ -295,10 +301,16 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
     add_special_tokens: bool = True
 
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the answer is the prompt alone (with its logprobs), as vLLM gives it
+        to lm-evaluation-harness' loglikelihood scoring; the engine still samples one token, unsent."""
+        return self.echo and self.max_tokens == 0
+
     def to_sampling_params(self) -> SamplingParams:
         # echo with logprobs reports the prompt's tokens too: the engine computes them as prompt logprobs.
         echo_logprobs = self.logprobs if self.echo and self.prompt_logprobs is None else None
-        return self._sampling_params(self.max_tokens, self.logprobs, echo_logprobs)
+        max_tokens = 1 if self.echo_only() else self.max_tokens
+        return self._sampling_params(max_tokens, self.logprobs, echo_logprobs)
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -308,12 +320,17 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+# vLLM's prompt_logprobs: per prompt token None (the first) or token id -> {logprob, rank, decoded_token}.
+PromptLogprobsField = list[dict[int, dict[str, Any]] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobsField | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -356,12 +373,15 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str
     add_special_tokens: bool = True
+    # vLLM's: also each token as the tokenizer spells it (token_strs).
+    return_token_strs: bool | None = False
 
 
 class TokenizeResponse(OpenAIBaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeRequest(OpenAIBaseModel):

@@ -16,7 +16,13 @@ from pydantic import (
     model_validator,
 )
 
-from pagedllm.entrypoints.openai.protocol import OpenAIBaseModel, SamplingFields, UsageInfo, make_tool_call_id
+from pagedllm.entrypoints.openai.protocol import (
+    OpenAIBaseModel,
+    PromptLogprobsField,
+    SamplingFields,
+    UsageInfo,
+    make_tool_call_id,
+)
 from pagedllm.sampling_params import SamplingParams
 
 
@@ -87,6 +93,8 @@ class ChatCompletionRequest(SamplingFields):
     add_special_tokens: bool = False
     # False drops the reasoning of a --reasoning-parser model from the response (the content stays).
     include_reasoning: bool = True
+    # vLLM's: the answer starts with the last message's content when it continues that message's role.
+    echo: bool = False
 
     @field_validator("tool_choice")
     @classmethod
@@ -165,6 +173,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    # vLLM's: the prompt's logprobs when the request asks for prompt_logprobs.
+    prompt_logprobs: PromptLogprobsField | None = None
 
 
 class OmitsNoneFields(OpenAIBaseModel):
@@ -223,3 +233,4 @@ class TokenizeChatRequest(OpenAIBaseModel):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = False
+    return_token_strs: bool | None = False

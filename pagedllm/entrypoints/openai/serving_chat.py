@@ -5,18 +5,16 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator
-from typing import Any
 
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import TokensPrompt
 from pagedllm.entrypoints.openai.chat_rendering import ChatPromptRenderer
+from pagedllm.entrypoints.openai.cli_args import FrontendOptions
 from pagedllm.entrypoints.openai.errors import OpenAIError
-from pagedllm.entrypoints.openai.protocol import CHAT_UNSUPPORTED_FIELDS, UsageInfo
+from pagedllm.entrypoints.openai.protocol import UsageInfo
 from pagedllm.entrypoints.openai.protocol_chat import (
-    ChatCompletionLogProb,
     ChatCompletionLogProbs,
-    ChatCompletionLogProbsContent,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -25,7 +23,12 @@ from pagedllm.entrypoints.openai.protocol_chat import (
     DeltaMessage,
 )
 from pagedllm.entrypoints.openai.request_limits import RequestLimits
-from pagedllm.entrypoints.openai.serving_completion import token_text
+from pagedllm.entrypoints.openai.serving_beam_search import (
+    BeamSearchStream,
+    beam_search_params,
+    check_beam_search_request,
+    start_beam_searches,
+)
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_reasoning import ReasoningSplitter
 from pagedllm.entrypoints.openai.serving_tools import (
@@ -38,9 +41,12 @@ from pagedllm.entrypoints.openai.serving_tools import (
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
     PromptTokenizer,
+    check_prompt_logprobs,
     check_stream_options,
     check_supported_fields,
     engine_dead_error,
+    includes_usage,
+    logprob_formatter,
     merge_streams,
     request_error,
     response_id,
@@ -48,38 +54,14 @@ from pagedllm.entrypoints.openai.serving_utils import (
     sse_error,
     start_requests,
     truncate_prompt,
+    usage_info,
 )
-from pagedllm.outputs import CompletionOutput, Logprob
+from pagedllm.lora.request import LoRARequest
+from pagedllm.outputs import CompletionOutput
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
 PROMPT_PARAM = "messages"
-
-
-def chat_logprobs(
-    token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int, tokenizer: Any
-) -> ChatCompletionLogProbs:
-    content: list[ChatCompletionLogProbsContent] = []
-    for token_id, entries in zip(token_ids, logprobs):
-        sampled = entries.get(token_id)
-        text = token_text(token_id, sampled, tokenizer)
-        top = sorted(entries.items(), key=lambda item: item[1].rank if item[1].rank is not None else 1 << 30)
-        content.append(
-            ChatCompletionLogProbsContent(
-                token=text,
-                logprob=-9999.0 if sampled is None else max(sampled.logprob, -9999.0),
-                bytes=list(text.encode("utf-8")),
-                top_logprobs=[
-                    ChatCompletionLogProb(
-                        token=(t := token_text(tid, lp, tokenizer)),
-                        logprob=max(lp.logprob, -9999.0),
-                        bytes=list(t.encode("utf-8")),
-                    )
-                    for tid, lp in top[:top_n]
-                ],
-            )
-        )
-    return ChatCompletionLogProbs(content=content)
 
 
 def _chat_error(request: ChatCompletionRequest, error: OpenAIError) -> OpenAIError:
@@ -120,8 +102,10 @@ class OpenAIServingChat:
         chat_renderer: ChatPromptRenderer,
         limits: RequestLimits,
         tool_calling: ToolCallingConfig | None = None,
+        options: FrontendOptions | None = None,
     ) -> None:
         self.engine = engine
+        self.options = options or FrontendOptions()
         self.tool_calling = tool_calling or ToolCallingConfig()
         self.models = models
         self.prompts = prompts
@@ -130,13 +114,15 @@ class OpenAIServingChat:
         self.reasoning = ReasoningSplitter(engine.engine_config, engine.tokenizer)
 
     def _check_supported(self, request: ChatCompletionRequest) -> None:
-        check_supported_fields(request, self.limits, CHAT_UNSUPPORTED_FIELDS)
+        check_supported_fields(request, self.limits)
         self.limits.check_count("messages", request.messages)
         self.limits.check_tools(request.tools)
         check_tool_request(request, self.tool_calling)
         if request.top_logprobs is not None and not request.logprobs:
             raise OpenAIError("top_logprobs needs logprobs to be true", param="top_logprobs")
         check_stream_options(request)
+        check_prompt_logprobs(request)
+        check_beam_search_request(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown chat completion fields: %s", ", ".join(request.ignored_fields()))
 
@@ -165,32 +151,66 @@ class OpenAIServingChat:
         prompt: TokensPrompt = {"prompt_token_ids": kept}
         if len(kept) == len(token_ids):
             prompt["prompt"] = text
+        lora = self.models.lora_request(model)
         try:
-            streams = await start_requests(
-                self.engine,
-                engine_id,
-                [prompt],
-                params,
-                request.priority,
-                PROMPT_PARAM,
-                request.constraint_param(),
-                trace_headers=trace_headers,
-                lora_request=self.models.lora_request(model),
-            )
+            if request.use_beam_search:
+                streams: list[RequestStream] | list[BeamSearchStream] = self._beam_searches(
+                    request, engine_id, prompt, lora
+                )
+            else:
+                streams = await start_requests(
+                    self.engine,
+                    engine_id,
+                    [prompt],
+                    params,
+                    request.priority,
+                    PROMPT_PARAM,
+                    request.constraint_param(),
+                    trace_headers=trace_headers,
+                    lora_request=lora,
+                )
         except OpenAIError as e:
             raise _chat_error(request, e) from e
         if request.stream:
             return self._stream(request, request_id, model, streams[0])
         return await self._full(request, request_id, model, streams[0])
 
+    def _beam_searches(
+        self, request: ChatCompletionRequest, engine_id: str, prompt: TokensPrompt, lora: LoRARequest | None
+    ) -> list[BeamSearchStream]:
+        limit = (
+            request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        )
+        room = self.engine.max_model_len - len(prompt["prompt_token_ids"])
+        params = beam_search_params(
+            request, room if limit is None else limit, self.engine.input_processor.max_logprobs
+        )
+        try:
+            return start_beam_searches(self.engine, engine_id, [prompt], params, lora)
+        except ValueError as e:
+            raise request_error(e, PROMPT_PARAM) from e
+
     def _logprobs(
         self, request: ChatCompletionRequest, completion: CompletionOutput
     ) -> ChatCompletionLogProbs | None:
         if not request.logprobs or completion.logprobs is None:
             return None
-        return chat_logprobs(
-            completion.token_ids, completion.logprobs, request.top_logprobs or 0, self.engine.tokenizer
-        )
+        formatter = logprob_formatter(self.engine.tokenizer, self.options, request)
+        return formatter.chat_content(completion.token_ids, completion.logprobs, request.top_logprobs or 0)
+
+    def _role(self, request: ChatCompletionRequest) -> str:
+        """The answer's role: --response-role after a generation prompt, else the role of the message
+        the model continues (as vLLM)."""
+        return self.options.response_role if request.add_generation_prompt else request.messages[-1].role
+
+    def _echo(self, request: ChatCompletionRequest) -> str:
+        """Chat echo: the last message's content, when the answer continues it (same role)."""
+        last = request.messages[-1]
+        if not request.echo or last.role != self._role(request):
+            return ""
+        if isinstance(last.content, list):
+            return "\n".join(part.text or "" for part in last.content)
+        return last.content or ""
 
     def _read_tool_calls(self, request: ChatCompletionRequest, choice: ChatCompletionResponseChoice) -> None:
         """Split the choice's content into content and tool calls, when the request asks for tools."""
@@ -213,6 +233,7 @@ class OpenAIServingChat:
             raise _chat_error(request, request_error(e, PROMPT_PARAM, request.constraint_param())) from e
         assert final is not None and final.finished
         reasoning = self.reasoning.for_request(request)
+        echo = self._echo(request)
         choices = [
             ChatCompletionResponseChoice(
                 index=c.index,
@@ -225,44 +246,60 @@ class OpenAIServingChat:
         ]
         for choice in choices:
             self._read_tool_calls(request, choice)
+            choice.message.role = self._role(request)
+            if echo:
+                choice.message.content = echo + (choice.message.content or "")
         prompt_tokens = len(final.prompt_token_ids or [])
         completion_tokens = sum(len(c.token_ids) for c in final.outputs)
-        usage = UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+        usage = usage_info(self.options, prompt_tokens, completion_tokens, final.num_cached_tokens)
+        response = ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+        if request.prompt_logprobs is not None and final.prompt_logprobs is not None:
+            formatter = logprob_formatter(self.engine.tokenizer, self.options, request)
+            response.prompt_logprobs = formatter.prompt_logprobs(final.prompt_logprobs)
+        return response
+
+    def _opening_chunks(
+        self, request: ChatCompletionRequest, request_id: str, model: str
+    ) -> list[ChatCompletionStreamResponse]:
+        """OpenAI's first chunk of each choice, carrying the role; then chat echo's content, if any."""
+        deltas = [DeltaMessage(role=self._role(request), content="")]
+        if echo := self._echo(request):
+            deltas.append(DeltaMessage(content=echo))
+        return [
+            ChatCompletionStreamResponse(
+                id=request_id, model=model, choices=[ChatCompletionStreamChoice(index=index, delta=delta)]
+            )
+            for delta in deltas
+            for index in range(request.n)
+        ]
 
     async def _stream(
         self, request: ChatCompletionRequest, request_id: str, model: str, stream: RequestStream
     ) -> AsyncIterator[str]:
-        options = request.stream_options
-        include_usage = options is not None and options.include_usage
-        continuous = include_usage and options is not None and options.continuous_usage_stats
+        include_usage, continuous = includes_usage(self.options, request)
         prompt_tokens = 0
         completion_tokens = 0
+        cached_tokens = 0
         tool_readers = [
             choice_tool_calls(request, self.tool_calling, self.engine.tokenizer) for _ in range(request.n)
         ]
         reasoning = self.reasoning.for_request(request)
 
         def usage() -> UsageInfo:
-            return UsageInfo(
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=prompt_tokens + completion_tokens,
-            )
+            return usage_info(self.options, prompt_tokens, completion_tokens, cached_tokens)
 
+        opened = False
         try:
-            # OpenAI's first chunk of each choice carries the role and no content.
-            for index in range(request.n):
-                first = ChatCompletionStreamChoice(
-                    index=index, delta=DeltaMessage(role="assistant", content="")
-                )
-                yield sse(ChatCompletionStreamResponse(id=request_id, model=model, choices=[first]))
             async for _, output in merge_streams([stream]):
                 prompt_tokens = len(output.prompt_token_ids or [])
+                cached_tokens = output.num_cached_tokens
+                if not opened:
+                    # Sent with the first output, as vLLM does: a client's time to first token is the
+                    # time to this chunk, so it must not leave before the model produced anything.
+                    opened = True
+                    for chunk in self._opening_chunks(request, request_id, model):
+                        chunk.usage = usage() if continuous else None
+                        yield sse(chunk)
                 for completion in output.outputs:
                     completion_tokens += len(completion.token_ids)
                     choice = ChatCompletionStreamChoice(

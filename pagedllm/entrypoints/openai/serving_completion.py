@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator
 
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType, TokensPrompt
+from pagedllm.entrypoints.openai.cli_args import FrontendOptions
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     CompletionLogProbs,
@@ -19,13 +19,23 @@ from pagedllm.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from pagedllm.entrypoints.openai.request_limits import RequestLimits
+from pagedllm.entrypoints.openai.serving_beam_search import (
+    BeamSearchStream,
+    beam_search_params,
+    check_beam_search_request,
+    start_beam_searches,
+)
+from pagedllm.entrypoints.openai.serving_logprobs import LogprobFormatter
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     SSE_DONE,
     PromptTokenizer,
+    check_prompt_logprobs,
     check_stream_options,
     check_supported_fields,
     engine_dead_error,
+    includes_usage,
+    logprob_formatter,
     merge_streams,
     request_error,
     response_id,
@@ -33,8 +43,9 @@ from pagedllm.entrypoints.openai.serving_utils import (
     sse_error,
     start_requests,
     truncate_prompt,
+    usage_info,
 )
-from pagedllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
+from pagedllm.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
 
@@ -57,38 +68,6 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prom
     )
 
 
-def logprobs_block(
-    token_ids: Sequence[int],
-    logprobs: Sequence[dict[int, Logprob] | None],
-    tokenizer: Any,
-    start_offset: int,
-    block: CompletionLogProbs | None = None,
-) -> CompletionLogProbs:
-    """OpenAI's legacy logprobs for ``token_ids``, appended to ``block`` if given. A None entry (the first
-    prompt token, which nothing predicts) gets null logprobs, as in OpenAI's echo responses."""
-    block = CompletionLogProbs() if block is None else block
-    offset = start_offset
-    for token_id, entries in zip(token_ids, logprobs):
-        sampled = None if entries is None else entries.get(token_id)
-        text = token_text(token_id, sampled, tokenizer)
-        block.tokens.append(text)
-        block.token_logprobs.append(None if sampled is None else max(sampled.logprob, -9999.0))
-        block.top_logprobs.append(
-            None
-            if entries is None
-            else {token_text(tid, lp, tokenizer): max(lp.logprob, -9999.0) for tid, lp in entries.items()}
-        )
-        block.text_offset.append(offset)
-        offset += len(text)
-    return block
-
-
-def token_text(token_id: int, logprob: Logprob | None, tokenizer: Any) -> str:
-    if logprob is not None and logprob.decoded_token is not None:
-        return logprob.decoded_token
-    return tokenizer.decode([token_id])
-
-
 class OpenAIServingCompletion:
     def __init__(
         self,
@@ -96,11 +75,13 @@ class OpenAIServingCompletion:
         models: OpenAIServingModels,
         prompts: PromptTokenizer,
         limits: RequestLimits,
+        options: FrontendOptions | None = None,
     ) -> None:
         self.engine = engine
         self.models = models
         self.prompts = prompts
         self.limits = limits
+        self.options = options or FrontendOptions()
 
     def _check_supported(self, request: CompletionRequest) -> None:
         if request.suffix is not None:
@@ -112,6 +93,8 @@ class OpenAIServingCompletion:
         if isinstance(request.prompt, list) and request.prompt and not isinstance(request.prompt[0], int):
             self.limits.check_count("prompt", request.prompt)
         check_stream_options(request)
+        check_prompt_logprobs(request)
+        check_beam_search_request(request)
         if request.ignored_fields():
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
 
@@ -146,17 +129,27 @@ class OpenAIServingCompletion:
             raise request_error(e, PROMPT_PARAM, request.constraint_param()) from e
         prompts = await self._tokenized(request)
         request_id, engine_id = response_id("cmpl", request)
-        streams = await start_requests(
-            self.engine,
-            engine_id,
-            prompts,
-            params,
-            request.priority,
-            PROMPT_PARAM,
-            request.constraint_param(),
-            trace_headers=trace_headers,
-            lora_request=self.models.lora_request(model),
-        )
+        lora = self.models.lora_request(model)
+        streams: list[RequestStream] | list[BeamSearchStream]
+        if request.use_beam_search:
+            max_tokens = request.max_tokens if request.max_tokens is not None else self.engine.max_model_len
+            search = beam_search_params(request, max_tokens, self.engine.input_processor.max_logprobs)
+            try:
+                streams = start_beam_searches(self.engine, engine_id, prompts, search, lora)
+            except ValueError as e:
+                raise request_error(e, PROMPT_PARAM) from e
+        else:
+            streams = await start_requests(
+                self.engine,
+                engine_id,
+                prompts,
+                params,
+                request.priority,
+                PROMPT_PARAM,
+                request.constraint_param(),
+                trace_headers=trace_headers,
+                lora_request=lora,
+            )
         if request.stream:
             return self._stream(request, request_id, model, streams)
         return await self._full(request, request_id, model, streams)
@@ -178,29 +171,37 @@ class OpenAIServingCompletion:
         except ValueError as e:  # rejected by the core at admission
             raise request_error(e, PROMPT_PARAM, request.constraint_param()) from e
         choices: list[CompletionResponseChoice] = []
-        usage = UsageInfo()
+        prompt_tokens = completion_tokens = cached_tokens = 0
+        logprobs = logprob_formatter(self.engine.tokenizer, self.options, request)
         for prompt_index, final in enumerate(finals):
             assert final is not None and final.finished
             prompt_text = self._prompt_text(final) if request.echo else ""
-            usage.prompt_tokens += len(final.prompt_token_ids or [])
+            prompt_tokens += len(final.prompt_token_ids or [])
+            cached_tokens += final.num_cached_tokens
+            echo_block = self._echo_logprobs(final, logprobs)
+            # vLLM's prompt_logprobs (asked for by the field itself, not by echo), on each choice.
+            asked = request.prompt_logprobs is not None and final.prompt_logprobs is not None
+            prompt_logprobs = logprobs.prompt_logprobs(final.prompt_logprobs) if asked else None  # type: ignore[arg-type]
             for completion in final.outputs:
-                usage.completion_tokens += len(completion.token_ids)
+                completion_tokens += len(completion.token_ids)
                 index = prompt_index * request.n + completion.index
-                choice = self._choice(request, index, completion, prompt_text, 0, self._echo_logprobs(final))
+                choice = self._choice(request, logprobs, index, completion, prompt_text, 0, echo_block)
+                choice.prompt_logprobs = prompt_logprobs
                 choices.append(choice)
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         choices.sort(key=lambda c: c.index)
+        usage = usage_info(self.options, prompt_tokens, completion_tokens, cached_tokens)
         return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
 
-    def _echo_logprobs(self, final: RequestOutput) -> CompletionLogProbs | None:
+    def _echo_logprobs(self, final: RequestOutput, logprobs: LogprobFormatter) -> CompletionLogProbs | None:
         """The echoed prompt's logprobs (None unless echo with logprobs asked the engine for them)."""
         if final.prompt_logprobs is None or final.prompt_token_ids is None:
             return None
-        return logprobs_block(final.prompt_token_ids, final.prompt_logprobs, self.engine.tokenizer, 0)
+        return logprobs.completion_block(final.prompt_token_ids, final.prompt_logprobs, 0)
 
+    @staticmethod
     def _choice(
-        self,
         request: CompletionRequest,
+        formatter: LogprobFormatter,
         index: int,
         completion: CompletionOutput,
         prefix: str,
@@ -208,31 +209,38 @@ class OpenAIServingCompletion:
         prefix_logprobs: CompletionLogProbs | None = None,
     ) -> CompletionResponseChoice:
         logprobs = None
+        # echo with max_tokens 0: the prompt alone; the one token the engine sampled is not the answer.
+        text = prefix if request.echo_only() else prefix + completion.text
         if request.logprobs is not None and completion.logprobs is not None:
             # Continue after the echoed prompt's tokens, on a copy: the n choices share the prompt's block.
             block = None if prefix_logprobs is None else prefix_logprobs.model_copy(deep=True)
-            if block is not None and block.tokens:
-                offset = block.text_offset[-1] + len(block.tokens[-1])
-            logprobs = logprobs_block(
-                completion.token_ids, completion.logprobs, self.engine.tokenizer, offset, block
-            )
+            if request.echo_only():
+                logprobs = block or CompletionLogProbs()
+            else:
+                if block is not None and block.tokens:
+                    offset = block.text_offset[-1] + len(block.tokens[-1])
+                logprobs = formatter.completion_block(
+                    completion.token_ids, completion.logprobs, offset, block
+                )
         return CompletionResponseChoice(
             index=index,
-            text=prefix + completion.text,
+            text=text,
             logprobs=logprobs,
             finish_reason=completion.finish_reason,
             stop_reason=completion.stop_reason,
         )
 
+    def _usage(
+        self, prompt_tokens: list[int], completion_tokens: dict[int, int], cached: list[int]
+    ) -> UsageInfo:
+        return usage_info(self.options, sum(prompt_tokens), sum(completion_tokens.values()), sum(cached))
+
     async def _stream(
         self, request: CompletionRequest, request_id: str, model: str, streams: list[RequestStream]
     ) -> AsyncIterator[str]:
-        include_usage = request.stream_options is not None and request.stream_options.include_usage
-        continuous = (
-            include_usage
-            and request.stream_options is not None
-            and request.stream_options.continuous_usage_stats
-        )
+        include_usage, continuous = includes_usage(self.options, request)
+        logprobs = logprob_formatter(self.engine.tokenizer, self.options, request)
+        cached_tokens = [0] * len(streams)
         echo_logprobs = request.echo and request.logprobs is not None
         prompt_tokens = [0] * len(streams)
         # Per prompt: its logprobs so far (DELTA outputs bring them in pieces over a chunked prefill).
@@ -247,6 +255,7 @@ class OpenAIServingCompletion:
             async for prompt_index, output in merge_streams(streams):
                 prompt_ids = output.prompt_token_ids or []
                 prompt_tokens[prompt_index] = len(prompt_ids)
+                cached_tokens[prompt_index] = output.num_cached_tokens
                 if output.prompt_logprobs is not None:
                     prompt_logprobs[prompt_index].extend(output.prompt_logprobs)
                 for completion in output.outputs:
@@ -266,13 +275,13 @@ class OpenAIServingCompletion:
                         echoed.add(index)
                         prefix = self._prompt_text(output)
                         if echo_logprobs:
-                            prefix_logprobs = logprobs_block(
-                                prompt_ids, prompt_logprobs[prompt_index], self.engine.tokenizer, 0
+                            prefix_logprobs = logprobs.completion_block(
+                                prompt_ids, prompt_logprobs[prompt_index], 0
                             )
                     elif not (completion.text or completion.token_ids or completion.finished()):
                         continue  # only prompt logprobs of a prefill chunk: nothing for this choice
                     choice = self._choice(
-                        request, index, completion, prefix, offsets.get(index, 0), prefix_logprobs
+                        request, logprobs, index, completion, prefix, offsets.get(index, 0), prefix_logprobs
                     )
                     if choice.logprobs is not None:
                         # Offsets count the tokens' texts, as the full response does (the detokenized
@@ -284,14 +293,11 @@ class OpenAIServingCompletion:
                     completion_tokens[index] = completion_tokens.get(index, 0) + len(completion.token_ids)
                     chunk = CompletionStreamResponse(id=request_id, model=model, choices=[choice])
                     if continuous:
-                        chunk.usage = _usage(prompt_tokens, completion_tokens)
+                        chunk.usage = self._usage(prompt_tokens, completion_tokens, cached_tokens)
                     yield sse(chunk)
             if include_usage:
-                yield sse(
-                    CompletionStreamResponse(
-                        id=request_id, model=model, choices=[], usage=_usage(prompt_tokens, completion_tokens)
-                    )
-                )
+                usage = self._usage(prompt_tokens, completion_tokens, cached_tokens)
+                yield sse(CompletionStreamResponse(id=request_id, model=model, choices=[], usage=usage))
         except EngineDeadError as e:
             yield sse_error(engine_dead_error(e))
         except ValueError as e:  # rejected by the core at admission
@@ -315,9 +321,3 @@ def _join(earlier: CompletionOutput | None, later: CompletionOutput) -> Completi
         finish_reason=later.finish_reason,
         stop_reason=later.stop_reason,
     )
-
-
-def _usage(prompt_tokens: list[int], completion_tokens: dict[int, int]) -> UsageInfo:
-    prompt = sum(prompt_tokens)
-    completion = sum(completion_tokens.values())
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)

@@ -37,6 +37,7 @@ from pagedllm.entrypoints.openai.protocol_pooling import (
     ScoreResponse,
 )
 from pagedllm.entrypoints.openai.request_limits import RequestLimits
+from pagedllm.entrypoints.openai.serving_invocations import Invocation
 from pagedllm.entrypoints.openai.serving_models import OpenAIServingModels
 from pagedllm.entrypoints.openai.serving_utils import (
     PromptTokenizer,
@@ -230,8 +231,9 @@ class OpenAIServingPooling:
 
 def add_pooling_routes(
     app: FastAPI, pooling: OpenAIServingPooling, respond: Callable[[Request, Awaitable[Any]], Awaitable[Any]]
-) -> None:
-    """The pooling model's routes (vLLM's paths, with and without /v1 for score and rerank)."""
+) -> list[Invocation]:
+    """The pooling model's routes (vLLM's paths, with and without /v1 for score and rerank); returns
+    them for /invocations, in vLLM's order."""
 
     @app.post("/v1/embeddings")
     async def create_embedding(request: EmbeddingRequest, raw: Request) -> Any:
@@ -241,10 +243,13 @@ def add_pooling_routes(
     async def create_pooling(request: PoolingRequest, raw: Request) -> Any:
         return await respond(raw, pooling.pooling(request))
 
+    score = _score_route(pooling, respond)
     for path in ("/score", "/v1/score"):
-        app.add_api_route(path, _score_route(pooling, respond), methods=["POST"])
+        app.add_api_route(path, score, methods=["POST"])
+    rerank = _rerank_route(pooling, respond)
     for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
-        app.add_api_route(path, _rerank_route(pooling, respond), methods=["POST"])
+        app.add_api_route(path, rerank, methods=["POST"])
+    return [(EmbeddingRequest, create_embedding), (ScoreRequest, score), (RerankRequest, rerank)]
 
 
 def _score_route(pooling: OpenAIServingPooling, respond: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:

@@ -46,7 +46,12 @@ class OpenAIServingTokenization:
             tokens = await self.prompts.encode(text, request.add_special_tokens, "messages")
         else:
             tokens = await self.prompts.encode(request.prompt, request.add_special_tokens, "prompt")
-        return TokenizeResponse(count=len(tokens), max_model_len=self.engine.max_model_len, tokens=tokens)
+        token_strs = (
+            self.engine.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
+        )
+        return TokenizeResponse(
+            count=len(tokens), max_model_len=self.engine.max_model_len, tokens=tokens, token_strs=token_strs
+        )
 
     async def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
         self.models.check_model(request.model)

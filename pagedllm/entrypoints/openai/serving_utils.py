@@ -14,15 +14,19 @@ from pydantic import BaseModel
 from pagedllm.engine.async_llm import AsyncLLM, RequestStream
 from pagedllm.engine.core_client import EngineDeadError
 from pagedllm.engine.input_processor import PromptType
+from pagedllm.entrypoints.openai.cli_args import FrontendOptions
 from pagedllm.entrypoints.openai.errors import OpenAIError
 from pagedllm.entrypoints.openai.protocol import (
     UNSUPPORTED_FIELDS,
     ErrorInfo,
     ErrorResponse,
+    PromptTokenUsageInfo,
     SamplingFields,
+    UsageInfo,
     random_id,
 )
 from pagedllm.entrypoints.openai.request_limits import RequestLimits
+from pagedllm.entrypoints.openai.serving_logprobs import LogprobFormatter
 from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.outputs import RequestOutput
@@ -31,6 +35,43 @@ from pagedllm.sampling_params import SamplingParams
 
 def engine_dead_error(e: EngineDeadError) -> OpenAIError:
     return OpenAIError(str(e), status=HTTPStatus.SERVICE_UNAVAILABLE, err_type="EngineDeadError")
+
+
+def usage_info(
+    options: FrontendOptions, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> UsageInfo:
+    """Token counts; with --enable-prompt-tokens-details, the prompt's tokens found in the prefix cache
+    (reported when there are any, as vLLM does)."""
+    usage = UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+    if options.enable_prompt_tokens_details and cached_tokens:
+        usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=cached_tokens)
+    return usage
+
+
+def logprob_formatter(tokenizer: Any, options: FrontendOptions, request: SamplingFields) -> LogprobFormatter:
+    """The request's return_tokens_as_token_ids, else the server's."""
+    as_ids = request.return_tokens_as_token_ids
+    return LogprobFormatter(tokenizer, options.return_tokens_as_token_ids if as_ids is None else as_ids)
+
+
+def includes_usage(options: FrontendOptions, request: SamplingFields) -> tuple[bool, bool]:
+    """Whether a stream ends with a usage chunk, and whether every chunk carries usage
+    (stream_options, or --enable-force-include-usage)."""
+    stream_options = request.stream_options
+    include = options.enable_force_include_usage or (
+        stream_options is not None and stream_options.include_usage
+    )
+    return include, include and stream_options is not None and stream_options.continuous_usage_stats
+
+
+def check_prompt_logprobs(request: SamplingFields) -> None:
+    """vLLM sends prompt_logprobs in full responses only."""
+    if request.stream and request.prompt_logprobs is not None:
+        raise OpenAIError("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
 
 
 def check_stream_options(request: SamplingFields) -> None:
