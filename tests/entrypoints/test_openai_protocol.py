@@ -179,15 +179,15 @@ def test_unsupported_vllm_fields_unless_neutral() -> None:
     request = CompletionRequest(
         prompt="x",
         guided_decoding_backend="xgrammar",
-        use_beam_search=True,
+        cache_salt="s",
         response_format={"type": "json_object"},
     )
-    assert request.unsupported_fields() == ["guided_decoding_backend", "use_beam_search"]
+    assert request.unsupported_fields() == ["guided_decoding_backend", "cache_salt"]
     neutral = CompletionRequest(
         prompt="x",
         guided_json=None,
-        use_beam_search=False,
-        length_penalty=1.0,
+        cache_salt=None,
+        thinking_token_budget=-1,
         response_format={"type": "text"},
     )
     assert neutral.unsupported_fields() == []

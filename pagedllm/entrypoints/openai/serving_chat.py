@@ -144,8 +144,7 @@ class OpenAIServingChat:
             request.chat_template_kwargs,
             [tool.model_dump(exclude_none=True) for tool in request.tools] if request.tools else None,
         )
-        bounded = request.truncate_prompt_tokens is None
-        token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM, bounded)
+        token_ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM)
         kept = truncate_prompt(token_ids, request, self.engine.max_model_len)
         request_id, engine_id = response_id("chatcmpl", request)
         prompt: TokensPrompt = {"prompt_token_ids": kept}

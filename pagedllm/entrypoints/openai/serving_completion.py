@@ -99,14 +99,13 @@ class OpenAIServingCompletion:
             logger.warning("Ignoring unknown completion fields: %s", ", ".join(request.ignored_fields()))
 
     async def _tokenized(self, request: CompletionRequest) -> list[TokensPrompt]:
-        # Text prompts are tokenized here, off the event loop, rather than by the engine on it; a prompt
-        # to be truncated may be longer than the context.
-        bounded = request.truncate_prompt_tokens is None
+        # Text prompts are tokenized here, off the event loop, rather than by the engine on it (a text
+        # too long to fit the context is refused before that, truncate_prompt_tokens or not).
         tokenized: list[TokensPrompt] = []
         for p in _prompts(request.prompt):
             text = p if isinstance(p, str) else None
             if text is not None:
-                ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM, bounded)
+                ids = await self.prompts.encode(text, request.add_special_tokens, PROMPT_PARAM)
             else:
                 ids = p["prompt_token_ids"]  # type: ignore[index]
             prompt: TokensPrompt = {
