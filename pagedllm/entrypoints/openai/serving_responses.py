@@ -284,7 +284,9 @@ class OpenAIServingResponses:
             "max_output_tokens" if incomplete else None,
         )
         self._remember(request, response, conversation, writer.assistant_message())
-        yield writer.event("response.incomplete" if incomplete else "response.completed", response=response)
+        # vLLM ends every stream with response.completed (the status inside says whether it is complete),
+        # which the SDKs' stream helpers wait for.
+        yield writer.event("response.completed", response=response)
 
     def _remember(
         self,
