@@ -70,7 +70,7 @@ def test_parse_structured_output(client: openai.OpenAI) -> None:
         model=MODEL_NAME,
         messages=MESSAGES,  # type: ignore[arg-type]
         response_format=Pet,
-        max_tokens=60,
+        max_tokens=100,
     )
     pet = completion.choices[0].message.parsed
     assert isinstance(pet, Pet)
@@ -85,7 +85,7 @@ def test_instructor_extracts_a_pydantic_model(client: openai.OpenAI) -> None:
         model=MODEL_NAME,
         messages=MESSAGES,
         response_model=Pet,
-        max_tokens=60,
+        max_tokens=100,
         max_retries=0,  # type: ignore[arg-type]
     )
     assert isinstance(pet, Pet)
@@ -94,7 +94,7 @@ def test_instructor_extracts_a_pydantic_model(client: openai.OpenAI) -> None:
 def test_langchain_with_structured_output(base_url: str) -> None:
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model=MODEL_NAME, base_url=base_url, api_key="unused", max_tokens=60, max_retries=0)  # type: ignore[arg-type]
+    llm = ChatOpenAI(model=MODEL_NAME, base_url=base_url, api_key="unused", max_tokens=100, max_retries=0)  # type: ignore[arg-type]
     pet = llm.with_structured_output(Pet).invoke(MESSAGES[0]["content"])
     assert isinstance(pet, Pet)
     streamed = "".join(str(chunk.content) for chunk in llm.stream("Say hello."))

@@ -61,7 +61,7 @@ def _error(response: httpx.Response, status: int, param: str | None) -> str:
 UNSUPPORTED = [
     ("guided_decoding_backend", "xgrammar"),
     ("structural_tag", "{}"),
-    ("use_beam_search", True),
+    ("cache_salt", "s"),
     ("logits_processors", ["x"]),
 ]
 
