@@ -63,14 +63,23 @@ class ReasoningParser:
     end_token: ClassVar[str] = "</think>"
     implicit_start: ClassVar[bool] = False
 
-    def __init__(self, vocab: Mapping[str, int], chat_template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        vocab: Mapping[str, int],
+        chat_template_kwargs: dict[str, Any] | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ) -> None:
         """`vocab`: the tokenizer's token -> id (read once per tokenizer: building it is slow); one
-        parser per request, for its `chat_template_kwargs`."""
+        parser per request, for its `chat_template_kwargs`. `decode`: the tokenizer's ids -> text, for
+        a parser whose markers on token ids depend on the text that follows them (None: such a marker
+        is never confirmed on ids)."""
         # None when the vocabulary has no single token for a marker: the text cut still works, but
         # the engine cannot see the reasoning end in the token ids (see `has_end_token`).
         self.start_token_id: int | None = vocab.get(self.start_token)
         self.end_token_id: int | None = vocab.get(self.end_token)
+        self.vocab = vocab
         self.chat_template_kwargs = chat_template_kwargs or {}
+        self.decode = decode
 
     @property
     def has_end_token(self) -> bool:

@@ -62,7 +62,10 @@ class StructuredOutputRequest:
         assert self.matcher is not None
         if not self.reasoning_ended:
             assert self.manager.reasoner is not None
-            self.reasoning_ended = self.manager.reasoner.is_reasoning_end([token_id])
+            # Only the end marker starts the grammar. A reasoning parser may also end the reasoning at a
+            # tool call (qwen3); the grammar constrains the answer, and starting it inside the call
+            # would force the call's arguments into the answer's shape, so the call is left free.
+            self.reasoning_ended = token_id == self.manager.reasoner.end_token_id
             return True
         return self.matcher.accept_token(token_id)
 
@@ -107,7 +110,7 @@ class StructuredOutputManager:
         name = self.config.reasoning_parser
         if not name:
             return None
-        reasoner = get_reasoning_parser(name)(tokenizer.get_vocab())
+        reasoner = get_reasoning_parser(name)(tokenizer.get_vocab(), decode=tokenizer.decode)
         if not reasoner.has_end_token:
             logger.warning(
                 "reasoning parser %s: %r is not one token of this vocabulary, so the end of the "

@@ -152,3 +152,52 @@ def test_extract_content_ids() -> None:
     assert parser.extract_content_ids([1, 2, 8]) == []
     assert parser.extract_content_ids([7, 1, 2]) == []
     assert make("qwen3", {"enable_thinking": False}).extract_content_ids([1, 2]) == [1, 2]
+
+
+# Qwen3's markers and a few text tokens, each id one piece of text (what `decode` joins).
+QWEN_TEXT = {7: "<think>", 8: "</think>", 9: "<tool_call>", 10: "</tool_call>", 1: "a", 3: "\n"}
+QWEN_TEXT |= {4: "<function=f>", 5: '{"name": "f"}', 6: " tags"}
+
+
+def qwen3_on_ids(kwargs: dict | None = None, decode: bool = True) -> ReasoningParser:
+    vocab = {text: token_id for token_id, text in QWEN_TEXT.items()}
+    return get_reasoning_parser("qwen3")(vocab, kwargs, decode=qwen_decode if decode else None)
+
+
+def qwen_decode(ids: Any) -> str:
+    return "".join(QWEN_TEXT[i] for i in ids)
+
+
+# Ids ending in an open call (XML or JSON, after whitespace or not) are past the reasoning; a mention
+# of the tag, a call not yet shown to be one, a finished call (the tools' prompt shows one) are not.
+QWEN_IDS = [
+    ([1, 9, 3, 4], True),
+    ([1, 9, 5], True),
+    ([1, 9, 3, 4, 10], False),
+    ([1, 9, 6, 8, 1], True),  # ended by </think>, after a mention
+    ([1, 9, 6], False),
+    ([1, 9], False),
+    ([1, 9, 3], False),
+    ([9, 3, 5, 3, 10, 1], False),
+    ([9, 3, 5, 10, 7, 1], False),
+    ([1, 9, 3, 4, 7, 1], False),  # a fresh <think> after it
+]
+
+
+@pytest.mark.parametrize(("ids", "ended"), QWEN_IDS)
+def test_qwen3_tool_call_ends_the_reasoning_on_ids(ids: list[int], ended: bool) -> None:
+    parser = qwen3_on_ids()
+    assert parser.is_reasoning_end(ids) is ended
+    # The content ids are the text split's content, wherever it starts (a call is content).
+    assert qwen_decode(parser.extract_content_ids(ids)) == parser.split(qwen_decode(ids))[1]
+
+
+def test_qwen3_tool_call_on_ids_needs_decode_and_thinking() -> None:
+    # Without the tokenizer's decode a call cannot be told from a mention: only </think> ends it.
+    blind = qwen3_on_ids(decode=False)
+    assert not blind.is_reasoning_end([1, 9, 3, 4]) and blind.extract_content_ids([1, 9, 3, 4]) == []
+    assert blind.is_reasoning_end([1, 9, 8])
+    # The earlier of </think> and a call starts the content.
+    assert qwen3_on_ids().extract_content_ids([1, 8, 1, 9, 5]) == [1, 9, 5]
+    assert qwen3_on_ids().extract_content_ids([1, 9, 5, 8, 1]) == [9, 5, 8, 1]
+    assert qwen3_on_ids({"enable_thinking": False}).extract_content_ids([1, 9, 5]) == [1, 9, 5]
