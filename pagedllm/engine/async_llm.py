@@ -33,6 +33,7 @@ from pagedllm.metrics.stats import IterationStats, RequestStatsTracker
 from pagedllm.outputs import RequestOutput
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
+from pagedllm.structured_output.checker import ConstraintChecker
 
 if TYPE_CHECKING:
     from pagedllm.config import EngineConfig
@@ -90,6 +91,8 @@ class AsyncLLM:
             functools.partial(check_supports_watermarking, engine_config),
             engine_config.scheduler_config.policy,
         )
+        # Constraints (JSON schemas, regexes, grammars) are checked off the event loop.
+        self.constraint_checker = ConstraintChecker(engine_config.structured_outputs_config)
         self.observer = RequestObserver.from_config(engine_config, model_name, log_requests)
         self.output_processor = OutputProcessor(
             tokenizer, engine_config.scheduler_config.stream_interval, self.observer
@@ -173,6 +176,8 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in use")
         if lora_request is not None and lora_request.lora_int_id not in self._loras:
             await self.add_lora(lora_request)
+        if isinstance(params, SamplingParams):
+            params = await self._check_constraint(params)
         request, prompt_text = self.input_processor.process_inputs(
             request_id,
             prompt,
@@ -194,6 +199,17 @@ class AsyncLLM:
             self._collectors.pop(request_id, None)
             raise
         return RequestStream(self, request_id, collector)
+
+    async def _check_constraint(self, params: SamplingParams) -> SamplingParams:
+        """``params``, or a copy whose constraint is checked and its backend resolved (off the event
+        loop; the input processor then only checks the cheap rest)."""
+        constraint = params.structured_outputs
+        if constraint is None or constraint.resolved_backend is not None:
+            return params
+        self.input_processor.check_structured_outputs_enabled()
+        params = params.clone()  # never mutate the caller's
+        await self.constraint_checker.check(params.structured_outputs)  # type: ignore[arg-type]
+        return params
 
     async def _send(self, request: EngineCoreRequest, parent: tuple[str, int] | None = None) -> None:
         # The request's own (wall-clock) arrival, the same clock as the core's scheduling time.

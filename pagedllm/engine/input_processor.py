@@ -76,6 +76,10 @@ class _StructuredOutputsConfig(Protocol):
     disable_fallback: bool
     disable_any_whitespace: bool
     disable_additional_properties: bool
+    max_schema_bytes: int
+    max_schema_depth: int
+    max_enum_members: int
+    max_regex_repetition: int
 
 
 class InputProcessor:
@@ -225,9 +229,8 @@ class InputProcessor:
             params.watermarking = self.watermark_check(params)
         return params
 
-    def _prepare_structured_outputs(self, constraint: StructuredOutputsParams) -> None:
-        """Apply the engine's defaults, pick the backend and check the schema / regex / grammar now, so
-        a bad one is a ValueError for this request and never reaches the core."""
+    def check_structured_outputs_enabled(self) -> _StructuredOutputsConfig:
+        """The engine's StructuredOutputsConfig; ValueError where structured outputs cannot run."""
         if self.tokenizer is None:
             raise RequestError(
                 "structured_outputs", "structured outputs need a tokenizer (skip_tokenizer_init is set)"
@@ -235,7 +238,15 @@ class InputProcessor:
         cfg = self.structured_outputs_config
         if cfg is None:
             raise RequestError("structured_outputs", "structured outputs are not enabled on this engine")
-        apply_engine_config(constraint, cfg)
+        return cfg
+
+    def _prepare_structured_outputs(self, constraint: StructuredOutputsParams) -> None:
+        """Apply the engine's defaults, pick the backend and check the schema / regex / grammar now, so
+        a bad one is a RequestError for this request and never reaches the core. A constraint whose
+        backend is already resolved was checked by the server's `ConstraintChecker`, off its event loop."""
+        cfg = self.check_structured_outputs_enabled()
+        if constraint.resolved_backend is None:
+            apply_engine_config(constraint, cfg)
 
     def _check_lengths(self, params: SamplingParams, num_prompt_tokens: int) -> None:
         room = self.max_model_len - num_prompt_tokens

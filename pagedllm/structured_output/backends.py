@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pagedllm.errors import RequestError
+from pagedllm.structured_output.limits import check_limits
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 BACKENDS = ("xgrammar", "guidance")
@@ -241,9 +242,16 @@ def resolve_backend(params: StructuredOutputsParams, configured: str, disable_fa
         raise
 
 
-def apply_engine_config(params: StructuredOutputsParams, config: Any) -> None:
-    """Apply a StructuredOutputsConfig to a request's constraint: its whitespace and
-    additional-properties switches, and the backend (validating the constraint on the way)."""
+def apply_switches(params: StructuredOutputsParams, config: Any) -> None:
+    """Apply a StructuredOutputsConfig's whitespace and additional-properties switches to a constraint."""
     params.disable_any_whitespace |= config.disable_any_whitespace
     params.disable_additional_properties |= config.disable_additional_properties
+
+
+def apply_engine_config(params: StructuredOutputsParams, config: Any) -> None:
+    """Apply a StructuredOutputsConfig to a request's constraint: check its limits, apply its switches,
+    and pick the backend (validating the constraint on the way: the grammar engine's conversion, which
+    can take a while: the server runs it off its event loop, `ConstraintChecker`)."""
+    check_limits(params, config)
+    apply_switches(params, config)
     params.resolved_backend = resolve_backend(params, config.backend, config.disable_fallback)

@@ -2,8 +2,8 @@
 1.0: a chat json_schema response validates, streamed or not; a nested schema's streamed deltas joined
 validate; every one of n=4 chat choices validates; a streamed completion under a schema, chat with
 guided_choice / guided_regex and a GBNF grammar match; a completion's guided_regex holds for each of n=2
-choices (each its own matcher); and conflicting or bad constraints are 400s naming the field the client
-set."""
+choices (each its own matcher); and conflicting or bad constraints, or ones over the server's default
+limits, are 400s naming the field the client set."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ NESTED = {
     },
     "required": ["team", "level", "members"],
 }
+NESTED_TOO_DEEP: dict = {"type": "integer"}
+for _ in range(40):
+    NESTED_TOO_DEEP = {"type": "object", "properties": {"a": NESTED_TOO_DEEP}}
 # A tiny arithmetic language, in xgrammar's GBNF.
 GRAMMAR = 'root ::= num (op num){0,2}\nop ::= "+" | "-" | "*"\nnum ::= [1-9] [0-9]?'
 ARITHMETIC = r"[1-9][0-9]?([-+*][1-9][0-9]?){0,2}"
@@ -210,6 +213,22 @@ def test_completion_guided_regex_n2(client: openai.OpenAI) -> None:
         ({"guided_regex": "a(b"}, "guided_regex", "structured_outputs.regex is invalid"),
         ({"structured_outputs": {"grammar": "root ::= nothing"}}, "structured_outputs", "is invalid"),
         ({"response_format": {"type": "yaml"}}, "response_format", "not supported"),
+        # Over the default limits (each took a grammar engine seconds to minutes): refused at once.
+        ({"guided_regex": "[a-z]{1,5000}"}, "guided_regex", "structured_outputs_config.max_regex_repetition"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(a|aa)*(b|bb)*{0,10000}"}},
+                }
+            },
+            "response_format",
+            "max_regex_repetition",
+        ),
+        ({"guided_choice": [str(i) for i in range(1001)]}, "guided_choice", "max_enum_members"),
+        ({"structured_outputs": {"json": {"enum": list(range(5000))}}}, "structured_outputs", "max_enum_members"),
+        ({"guided_json": NESTED_TOO_DEEP}, "guided_json", "max_schema_depth"),
+        ({"guided_grammar": "root ::= " + " | ".join(f'"{i}"' for i in range(20000))}, "guided_grammar", "max_schema_bytes"),
     ],
 )
 @pytest.mark.parametrize(

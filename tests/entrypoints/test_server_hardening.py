@@ -1,11 +1,14 @@
 """The server against hostile or unusual clients: fields it does not implement, huge bodies, large n, lone
-surrogates, request fields over their size limits, an unauthenticated /tokenize, a shutdown timeout
-expiring mid-stream; and vLLM's metric names.
+surrogates, request fields over their size limits, an unauthenticated /tokenize, constraints that take a
+grammar engine minutes, a shutdown timeout expiring mid-stream; and vLLM's metric names.
 
-One server for the module, with an API key, a small body limit, a small n cap and a lowered message limit."""
+One server for the module, with an API key, a small body limit, a small n cap, a lowered message limit,
+and structured-output limits lifted (so that pathological constraints reach the grammar engine) with a
+short deadline."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import signal
@@ -27,6 +30,14 @@ MAX_N = 8
 MAX_MESSAGES = 8
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 COMPLETION = {"prompt": "Hi", "max_tokens": 2}
+# Seconds: the front-end's budget for checking a constraint.
+VALIDATION_TIMEOUT_S = 2
+STRUCTURED_OUTPUTS = {
+    "max_schema_bytes": BODY_LIMIT,
+    "max_enum_members": 10**6,
+    "max_regex_repetition": 10**6,
+    "validation_timeout_s": VALIDATION_TIMEOUT_S,
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +46,7 @@ def server() -> Iterator[RemoteServer]:
         extra_args=[
             "--api-key", KEY, "--max-request-body-bytes", str(BODY_LIMIT), "--max-n-sequences", str(MAX_N),
             "--shutdown-timeout", "1", "--request-limit", f"messages={MAX_MESSAGES}",
+            "--structured-outputs-config", json.dumps(STRUCTURED_OUTPUTS),
         ]
     )  # fmt: skip
     try:
@@ -278,6 +290,51 @@ def test_metrics_under_vllm_names(server: RemoteServer, http: httpx.Client) -> N
     assert re.search(
         r'^vllm:request_success_total\{finished_reason="length",model_name="[^"]+"\} ', text, re.M
     )
+
+
+# ------------------------------------------------------------------- constraints that take minutes to compile
+class HealthProbe:
+    """Polls /health every 0.1 s in a thread; records each answer's latency."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            assert httpx.get(f"{self.url}/health", timeout=120).status_code == 200
+            self.latencies.append(time.monotonic() - start)
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(150)
+
+    def check(self) -> None:
+        # Blocked, the loop answered a probe only after the grammar engine finished (16 s to minutes);
+        # the bound leaves room for a loaded machine.
+        assert len(self.latencies) >= 5 and max(self.latencies) < 3.0, self.latencies
+
+
+def test_a_schema_slow_to_check_is_refused_within_the_budget_and_health_answers(
+    server: RemoteServer, http: httpx.Client
+) -> None:
+    # 90 bytes that xgrammar converts in 7-16 s on 2 loaded cores (on the event loop before, nothing else ran).
+    slow = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-z]{1,5000}"}}}
+    with HealthProbe(server.url) as probe:
+        start = time.monotonic()
+        message = _error(http.post("/v1/chat/completions", json={**CHAT, "response_format": slow}), 400, "response_format")
+        elapsed = time.monotonic() - start
+        time.sleep(1)  # the conversion goes on in its thread: probes keep being answered meanwhile
+    assert f"could not be checked within {VALIDATION_TIMEOUT_S} s" in message and elapsed < 30, (message, elapsed)
+    probe.check()
 
 
 # ------------------------------------------------------------------------------- shutdown (keep last)
