@@ -44,10 +44,10 @@ from pagedllm.config.optimization import (
     enable_rope_kvcache_mla_fusion,
 )
 from pagedllm.config.parallel import ParallelConfig
-from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.config.scheduler import SchedulerConfig
 from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.config.structured_outputs import StructuredOutputsConfig
+from pagedllm.quant_interface import QuantizationConfig
 
 
 def default_breakable_cudagraph_architectures() -> frozenset[str]:

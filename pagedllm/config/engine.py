@@ -46,11 +46,11 @@ from pagedllm.config.model import ModelConfig
 from pagedllm.config.observability import LoggingConfig, ObservabilityConfig, ProfilerConfig
 from pagedllm.config.offload import OffloadConfig
 from pagedllm.config.parallel import ParallelConfig
-from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.config.scheduler import SchedulerConfig
 from pagedllm.config.speculative import SpeculativeConfig
 from pagedllm.config.structured_outputs import StructuredOutputsConfig
 from pagedllm.config.utils import config
+from pagedllm.quant_interface import QuantizationConfig
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig

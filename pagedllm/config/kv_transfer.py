@@ -10,6 +10,10 @@ from pagedllm.config.utils import config, hash_fields
 
 KVRole = Literal["kv_producer", "kv_consumer", "kv_both"]
 
+# The connectors registered in `pagedllm.distributed.kv_transfer.factory` (vLLM's names); config/support.py
+# refuses any other `kv_connector` before an engine starts.
+KV_CONNECTORS = ("SharedStorageConnector", "OffloadingConnector", "SimpleCPUOffloadConnector", "MultiConnector")
+
 
 @config
 class KVTransferConfig:

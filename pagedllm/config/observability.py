@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
 from pagedllm.config.utils import config, hash_fields
+
+OTEL_EXTRA = "pip install 'pagedllm[otel]'"
+_OTEL_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp")
+
+
+def otel_missing() -> str | None:
+    """Why tracing cannot be enabled here (a message naming the extra), or None when it can."""
+    missing = [m for m in _OTEL_MODULES if _find_spec(m) is None]
+    if not missing:
+        return None
+    return f"tracing needs the OpenTelemetry SDK and OTLP exporter ({', '.join(missing)} not found): {OTEL_EXTRA}"
+
+
+def _find_spec(module: str) -> Any:
+    try:
+        return importlib.util.find_spec(module)
+    except ModuleNotFoundError:  # the parent package is missing
+        return None
 
 
 @config
@@ -38,9 +57,6 @@ class ObservabilityConfig:
         if self.collect_detailed_traces and not self.otlp_traces_endpoint:
             raise ValueError("collect_detailed_traces requires `--otlp-traces-endpoint` to be set.")
         if self.otlp_traces_endpoint is not None:
-            # Imported here: the tracing module is only needed (and only usable) with the extra.
-            from pagedllm.metrics.tracing import otel_missing
-
             missing = otel_missing()
             if missing is not None:
                 raise ValueError(f"otlp_traces_endpoint: {missing}")

@@ -24,6 +24,10 @@ SpeculativeMethod = Literal[
     "extract_hidden_states",
 ]
 
+# The methods with a drafter: the token-based ones in `pagedllm.spec_decode` (make_proposer), the
+# model-based ones in the worker (draft_model, eagle); config/support.py rejects the others.
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
+
 # Methods whose drafter reads the target's hidden states (EAGLE family; MTP aliases normalize to "mtp").
 EAGLE_FAMILY = frozenset({"eagle", "eagle3", "extract_hidden_states", "mtp", "dflash"})
 NGRAM_GPU_METHODS = frozenset({"ngram_gpu"})

@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pagedllm.config.compilation import CompilationMode
-from pagedllm.spec_decode import IMPLEMENTED_METHODS
+from pagedllm.config.kv_transfer import KV_CONNECTORS
+from pagedllm.config.speculative import IMPLEMENTED_METHODS
 
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
@@ -59,6 +60,9 @@ SUPPORTED = (
     "Llama-family targets); "
     "output watermarking (watermark_config: gumbel, dual_key_gumbel, kgw)"
 )
+
+# The mixture-of-experts architectures of pagedllm.models.registry (any other `is_moe` model is refused).
+MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
 
 _LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 # Kernel providers pagedllm ships for the IR ops (kernel_config.ir_op_priority).
@@ -313,7 +317,7 @@ def _model_checks(cfg: EngineConfig) -> list[Check]:
     mc = cfg.model_config
     if mc is None:
         return []
-    moe = _moe_architectures()
+    moe = MOE_ARCHITECTURES
     return [
         (mc.multimodal_config is not None, "model_config.multimodal_config (multimodal models)"),
         (mc.runner == "draft", "model_config.runner='draft' (draft models of speculative decoding)"),
@@ -339,10 +343,7 @@ def _unregistered_connectors(cfg: EngineConfig) -> Check:
     kv = cfg.kv_transfer_config
     if kv is None or kv.kv_connector is None:
         return False, ""
-    # Imported here: the connectors import torch and the worker's cache spec (a cycle at import time).
-    from pagedllm.distributed.kv_transfer import registered_connectors
-
-    known = registered_connectors()
+    known = KV_CONNECTORS
     missing = [name for name in kv.connector_names() if name not in known]
     return bool(missing), f"kv_transfer_config.kv_connector {', '.join(missing)} (supported: {', '.join(known)})"
 
@@ -411,13 +412,6 @@ def _speculative_checks(spec: Any) -> list[Check]:
         (spec.enable_adaptive_verification, "speculative_config.enable_adaptive_verification"),
         (spec.use_heterogeneous_vocab, "speculative_config.use_heterogeneous_vocab"),
     ]
-
-
-def _moe_architectures() -> frozenset[str]:
-    # Imported here: the models package imports the config package (a cycle at import time).
-    from pagedllm.models.registry import MOE_ARCHITECTURES
-
-    return MOE_ARCHITECTURES
 
 
 def unsupported_features(cfg: EngineConfig) -> list[str]:

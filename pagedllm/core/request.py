@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from pagedllm.core.outputs import FinishReason
+from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
 from pagedllm.pooling_params import PoolingParams
 from pagedllm.sampling_params import SamplingParams
@@ -28,6 +29,23 @@ class GrammarState(Protocol):
     def accept_token(self, token_id: int) -> bool: ...
 
     def is_terminated(self) -> bool: ...
+
+
+def validate_prompt_token_ids(prompt_token_ids: Sequence[int], vocab_size: int) -> None:
+    """ValueError for a prompt the forward cannot run: empty, or with token ids outside the vocabulary.
+    The front-end's check (`pagedllm.engine.input_processor`), and the engine core's for clients that
+    talk to it directly."""
+    if not prompt_token_ids:
+        raise RequestError("prompt", "The prompt is empty: it must contain at least one token")
+    if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
+        return
+    out_of_vocab = sorted({t for t in prompt_token_ids if not 0 <= t < vocab_size})
+    shown = out_of_vocab[:8]
+    raise RequestError(
+        "prompt",
+        f"prompt_token_ids contains token ids outside the vocabulary [0, {vocab_size}): {shown}"
+        + (f" and {len(out_of_vocab) - len(shown)} more" if len(out_of_vocab) > len(shown) else ""),
+    )
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -29,7 +29,7 @@ from pagedllm.errors import ErrorReport, RequestError
 if TYPE_CHECKING:
     # Type hints only: importing pagedllm.config pulls in torch, which core/ must not need.
     from pagedllm.config import CacheConfig, SchedulerConfig
-    from pagedllm.distributed.kv_transfer import KVConnectorBase
+    from pagedllm.core.kv_connector import SchedulerConnector
 
 
 class GrammarBitmaskFiller(Protocol):
@@ -51,7 +51,7 @@ class Scheduler(SchedulerUpdate):
         log_stats: bool = True,
         structured_output_manager: GrammarBitmaskFiller | None = None,
         enable_kv_cache_events: bool = False,
-        kv_connector: KVConnectorBase | None = None,
+        kv_connector: SchedulerConnector | None = None,
         max_loras: int | None = None,
         max_concurrent_batches: int = 1,
         num_lookahead_tokens: int = 0,

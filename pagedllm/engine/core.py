@@ -15,13 +15,12 @@ from typing import Any
 
 from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
-from pagedllm.core.request import Request, RequestStatus
+from pagedllm.core.request import Request, RequestStatus, validate_prompt_token_ids
 from pagedllm.core.sched_output import SchedulerOutput
 from pagedllm.core.scheduler import Scheduler
 from pagedllm.distributed.kv_events import make_event_publisher
 from pagedllm.distributed.kv_transfer import KVConnectorRole, create_connector
 from pagedllm.engine.core_ops import EngineCoreOps
-from pagedllm.engine.input_processor import validate_prompt_token_ids
 from pagedllm.engine.lora_ops import LoRAOps
 from pagedllm.engine.protocol import EngineCoreOutputs, EngineCoreRequest
 from pagedllm.engine.utility import EngineSleepingError

@@ -17,14 +17,13 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pagedllm.config.sleep_mode import check_sleep_level, check_wake_tags
 from pagedllm.engine.utility import (
     DRAINING_METHODS,
     EngineSleepingError,
     check_rpc_method,
     check_utility_method,
 )
-from pagedllm.worker.sleep import check_sleep_level, check_wake_tags
-from pagedllm.worker.worker import Worker
 
 if TYPE_CHECKING:
     from pagedllm.core.scheduler import Scheduler
@@ -126,8 +125,8 @@ class EngineCoreOps:
             method = check_rpc_method(method)
             # Checked here against the worker class: in a worker process the mismatch would come back
             # as that worker's failure (a server error) rather than the caller's.
-            worker_method = getattr(Worker, method, None)
-            if not callable(worker_method):
+            worker_method = self.model_executor.worker_method(method)
+            if worker_method is None:
                 raise ValueError(f"collective_rpc: the worker has no method {method!r}")
             check_arguments(worker_method, f"collective_rpc {method!r}", (None, *args), kwargs)
         return self.model_executor.collective_rpc(method, tuple(args), kwargs, timeout)

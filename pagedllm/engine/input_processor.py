@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NotRequired, Protocol, TypedDict
 
+from pagedllm.core.request import validate_prompt_token_ids
 from pagedllm.engine.protocol import EngineCoreRequest
 from pagedllm.errors import RequestError
 from pagedllm.lora.request import LoRARequest
@@ -33,22 +34,6 @@ class TokensPrompt(TypedDict):
 
 
 PromptType = str | TextPrompt | TokensPrompt
-
-
-def validate_prompt_token_ids(prompt_token_ids: Sequence[int], vocab_size: int) -> None:
-    """ValueError for a prompt the forward cannot run: empty, or with token ids outside the vocabulary.
-    The front-end's check, and the engine core's for clients that talk to it directly."""
-    if not prompt_token_ids:
-        raise RequestError("prompt", "The prompt is empty: it must contain at least one token")
-    if min(prompt_token_ids) >= 0 and max(prompt_token_ids) < vocab_size:
-        return
-    out_of_vocab = sorted({t for t in prompt_token_ids if not 0 <= t < vocab_size})
-    shown = out_of_vocab[:8]
-    raise RequestError(
-        "prompt",
-        f"prompt_token_ids contains token ids outside the vocabulary [0, {vocab_size}): {shown}"
-        + (f" and {len(out_of_vocab) - len(shown)} more" if len(out_of_vocab) > len(shown) else ""),
-    )
 
 
 class Tokenizer(Protocol):

@@ -1,6 +1,6 @@
 """Engine operations outside the request path (sleep mode, weight updates, profiling, worker RPCs):
-their names, argument checks and errors (the sleep arguments' checks live with sleep mode, in
-`pagedllm.worker.sleep`), shared by the in-process and the ZMQ front-ends.
+their names, argument checks and errors, shared by the in-process and the ZMQ front-ends (the
+workers' side of sleep mode is `pagedllm.worker.sleep`).
 
 The front-ends reach them through one "utility call" (`EngineCore.call_utility`): a method name from
 `UTILITY_METHODS` with its arguments, run by the core between two steps, so new requests wait in the

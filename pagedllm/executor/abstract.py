@@ -80,6 +80,17 @@ class Executor(ABC):
             "'external_launcher' (torchrun starts the ranks)"
         )
 
+    @staticmethod
+    def worker_method(name: str) -> Callable[..., Any] | None:
+        """The workers' method `name` (None: no such method), for checking a call's arguments before
+        it is sent: in a worker process a mismatch would come back as that worker's failure."""
+        # Imported here: the worker pulls in the models and the attention backends, which config
+        # construction (reading `get_class`) does not need.
+        from pagedllm.worker.worker import Worker
+
+        method = getattr(Worker, name, None)
+        return method if callable(method) else None
+
     @classmethod
     def supports_async_scheduling(cls) -> bool:
         return cls._supports_async_scheduling

@@ -20,7 +20,7 @@ from pagedllm.layers.linear import linear
 from pagedllm.layers.quant.base import set_weight_loader
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 
 class VocabParallelEmbedding(nn.Module):

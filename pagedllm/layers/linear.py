@@ -26,7 +26,7 @@ from pagedllm.layers import skinny_gemm
 from pagedllm.layers.quant.base import LinearMethodBase, WeightLoader, set_weight_loader
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 ShardId = str | int
 

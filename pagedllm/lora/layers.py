@@ -76,12 +76,15 @@ class LoRALinearMethod(LinearMethodBase):
 
     def dense_weight(self, layer: nn.Module) -> torch.Tensor | None:
         # The base product alone: the native decode path, which reads this, steps aside for any step
-        # where an adapter is active (`LoRABatchState.active`).
+        # where an adapter is active (`adds_to_base`).
         return self.base.dense_weight(layer)
 
     def native_matvec(self, layer: nn.Module) -> NativeMatvec | None:
         # The base product alone, as for dense_weight.
         return self.base.native_matvec(layer)
+
+    def adds_to_base(self) -> bool:
+        return self.state.active
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         y = self.base.apply(layer, x, bias)

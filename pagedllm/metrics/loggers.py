@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from pagedllm.engine.protocol import SchedulerStats
+from pagedllm.core.outputs import SchedulerStats
 from pagedllm.metrics.stats import IterationStats
 
 logger = logging.getLogger("pagedllm.metrics")

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from pagedllm.engine.protocol import SchedulerStats
+from pagedllm.core.outputs import SchedulerStats
 from pagedllm.metrics.stats import IterationStats
 
 _LATENCY_BUCKETS = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pagedllm.engine.protocol import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, FinishReason
 
 
 @dataclass

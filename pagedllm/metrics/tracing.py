@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pagedllm import envs
+from pagedllm.config.observability import otel_missing
 
 if TYPE_CHECKING:
     from pagedllm.config.observability import ObservabilityConfig
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 # The W3C trace-context headers a request may carry.
 TRACE_HEADERS = ("traceparent", "tracestate")
-OTEL_EXTRA = "pip install 'pagedllm[otel]'"
-_OTEL_MODULES = ("opentelemetry.sdk", "opentelemetry.exporter.otlp")
 
 
 class SpanAttributes:
@@ -51,21 +49,6 @@ class SpanAttributes:
     GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
     GEN_AI_LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
     GEN_AI_LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
-
-
-def otel_missing() -> str | None:
-    """Why tracing cannot be enabled here (a message naming the extra), or None when it can."""
-    missing = [m for m in _OTEL_MODULES if _find_spec(m) is None]
-    if not missing:
-        return None
-    return f"tracing needs the OpenTelemetry SDK and OTLP exporter ({', '.join(missing)} not found): {OTEL_EXTRA}"
-
-
-def _find_spec(module: str) -> Any:
-    try:
-        return importlib.util.find_spec(module)
-    except ModuleNotFoundError:  # the parent package is missing
-        return None
 
 
 def extract_trace_headers(headers: Mapping[str, str]) -> dict[str, str] | None:

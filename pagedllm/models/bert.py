@@ -20,7 +20,7 @@ from pagedllm.models.loader.weights import packed_modules
 from pagedllm.pooling_params import TOKEN_TYPE_SHIFT
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 _ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}
 

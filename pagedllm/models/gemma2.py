@@ -19,7 +19,7 @@ from pagedllm.models.interfaces import NativeDecoder
 from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, build_rope
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 

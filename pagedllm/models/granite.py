@@ -13,7 +13,7 @@ from pagedllm.models.interfaces import NativeDecoder
 from pagedllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 
 class GraniteDecoderLayer(LlamaDecoderLayer):

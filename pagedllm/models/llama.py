@@ -30,7 +30,7 @@ from pagedllm.models.interfaces import NativeDecoder, SupportsEagle3
 from pagedllm.models.loader.weights import packed_modules
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 
 # `(layer index, module prefix) -> feed-forward block` of a layer (None: the dense `LlamaMLP`).

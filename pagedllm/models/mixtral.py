@@ -13,7 +13,7 @@ from pagedllm.models.mistral import MistralForCausalLM
 from pagedllm.models.moe_block import MoEModelMixin, SparseMoeBlock
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 
 class MixtralForCausalLM(MoEModelMixin, MistralForCausalLM):

@@ -19,8 +19,8 @@ from pagedllm.layers.fused_moe import FusedMoE, make_expert_params_mapping
 from pagedllm.models.llama import LlamaMLP, MLPFactory
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
     from pagedllm.models.interfaces import NativeDecoder
+    from pagedllm.quant_interface import QuantizationConfig
 
 logger = logging.getLogger(__name__)
 

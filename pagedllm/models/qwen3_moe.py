@@ -10,7 +10,7 @@ from pagedllm.models.moe_block import MoEModelMixin, qwen_moe_mlp_factory
 from pagedllm.models.qwen3 import Qwen3ForCausalLM
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 
 class Qwen3MoeForCausalLM(MoEModelMixin, Qwen3ForCausalLM):

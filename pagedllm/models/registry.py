@@ -28,8 +28,6 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2MoeForCausalLM": ("pagedllm.models.qwen2_moe", "Qwen2MoeForCausalLM"),
     "Qwen3MoeForCausalLM": ("pagedllm.models.qwen3_moe", "Qwen3MoeForCausalLM"),
 }
-# The mixture-of-experts architectures above (config/support.py refuses any other `is_moe` model).
-MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
 
 
 def supported_architectures() -> list[str]:

@@ -9,11 +9,16 @@ that could still grow into a marker (`</thi`) is held back until the next delta 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
-
-from pagedllm.entrypoints.openai.protocol_chat import DeltaMessage
+from typing import Any, ClassVar, NamedTuple
 
 _REGISTRY: dict[str, type[ReasoningParser]] = {}
+
+
+class ReasoningDelta(NamedTuple):
+    """What one streamed step adds to each part (None: nothing); the server turns it into its delta."""
+
+    reasoning: str | None
+    content: str | None
 
 
 def register_reasoning_parser(name: str) -> Callable[[type[ReasoningParser]], type[ReasoningParser]]:
@@ -147,7 +152,7 @@ class ReasoningParser:
 
     def extract_reasoning_content_streaming(
         self, previous_text: str, current_text: str, finished: bool = False
-    ) -> DeltaMessage | None:
+    ) -> ReasoningDelta | None:
         """The delta of one streamed step: `current_text` is `previous_text` plus the new text;
         `finished` releases whatever was held back. None when the step adds nothing to either part."""
         old_reasoning, old_content = self.split(previous_text, final=False)
@@ -156,4 +161,4 @@ class ReasoningParser:
         new_content = content[len(old_content) :]
         if not new_reasoning and not new_content:
             return None
-        return DeltaMessage(reasoning_content=new_reasoning or None, content=new_content or None)
+        return ReasoningDelta(reasoning=new_reasoning or None, content=new_content or None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -31,7 +31,16 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 if TYPE_CHECKING:
     from pagedllm.config.features import WatermarkConfig
-    from pagedllm.worker.input_batch import InputBatch
+
+
+class TokenRows(Protocol):
+    """What the watermark reads of the runner's persistent batch (`pagedllm.worker.input_batch`): each
+    row's tokens so far, their count and the prompt's."""
+
+    token_ids: np.ndarray
+    num_tokens: np.ndarray
+    num_prompt_tokens: np.ndarray
+
 
 # Tokens of context hashed with the key (the spec's WatermarkConfig has no field for them): 4 for the
 # Gumbel variants as vLLM's default; 1 (the previous token) for kgw as in its paper's "simple_1".
@@ -131,7 +140,7 @@ class Watermarker:
     # ------------------------------------------------------------------------------------ sampler
     def batch(
         self,
-        input_batch: InputBatch,
+        input_batch: TokenRows,
         rows: Sequence[int],
         params: Sequence[Any],
         vocab_size: int,
@@ -158,7 +167,7 @@ class Watermarker:
             out.exponentials = -torch.log(uniforms)
         return out
 
-    def _step_contexts(self, input_batch: InputBatch, batch_rows: np.ndarray) -> np.ndarray:
+    def _step_contexts(self, input_batch: TokenRows, batch_rows: np.ndarray) -> np.ndarray:
         """The `context_width` tokens before each row's next token ([n, h] int64, _NO_TOKEN before
         the sequence start)."""
         idx = input_batch.num_tokens[batch_rows][:, None] - self.context_width + np.arange(self.context_width)
@@ -166,7 +175,7 @@ class Watermarker:
         return np.where(idx >= 0, tokens, _NO_TOKEN)
 
     def _seen_in_output(
-        self, input_batch: InputBatch, batch_rows: np.ndarray, contexts: np.ndarray
+        self, input_batch: TokenRows, batch_rows: np.ndarray, contexts: np.ndarray
     ) -> np.ndarray:
         """Whether each row's context already preceded one of its generated tokens (vectorized over the
         rows: one window comparison over the longest sequence)."""

@@ -17,10 +17,6 @@ import numpy as np
 from pagedllm.spec_decode.ngram import NgramProposer
 from pagedllm.spec_decode.suffix import SuffixProposer
 
-# The methods with a drafter: the token-based ones here, the model-based ones in the worker
-# (pagedllm.worker.draft_model, pagedllm.worker.eagle); the others stay rejected by config/support.py.
-IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
-
 # The off-switch: a verification step runs at most this many target tokens (requests x (1 + drafts)).
 # Up to it a CPU forward of the decode batch costs about the same per step whatever its token count
 # (streaming the weights dominates); beyond it the step is compute-bound and every rejected draft is

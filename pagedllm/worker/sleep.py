@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pagedllm.attention.layer import attention_layers, bind_kv_cache
+from pagedllm.config.sleep_mode import check_sleep_level, check_wake_tags
 from pagedllm.models.loader import effective_quant_config, reload_weights
 from pagedllm.platforms import current_platform
 
@@ -27,31 +27,6 @@ if TYPE_CHECKING:
     from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("pagedllm.worker")
-
-SLEEP_LEVELS = (1, 2)
-# What a sleeping engine released and `wake_up(tags=...)` restores.
-SLEEP_TAGS = ("weights", "kv_cache")
-
-
-def check_sleep_level(level: int) -> int:
-    if level not in SLEEP_LEVELS:
-        raise ValueError(
-            f"sleep level must be 1 (discard the KV cache) or 2 (and the weights), not {level!r}"
-        )
-    return int(level)
-
-
-def check_wake_tags(tags: Sequence[str] | None) -> tuple[str, ...]:
-    """The parts to wake (all when None); ValueError naming an unknown tag."""
-    if tags is None:
-        return SLEEP_TAGS
-    if isinstance(tags, str):
-        tags = [tags]
-    unknown = sorted(set(tags) - set(SLEEP_TAGS))
-    if unknown:
-        raise ValueError(f"unknown wake_up tags {unknown} (known: {', '.join(SLEEP_TAGS)})")
-    return tuple(t for t in SLEEP_TAGS if t in tags)
-
 
 def _model(runner: ModelRunner) -> torch.nn.Module:
     if runner.model is None:

@@ -425,3 +425,14 @@ def test_data_parallelism_is_served_not_run_offline() -> None:
 def test_data_parallel_rank_checked(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ParallelConfig(**fields)
+
+
+def test_the_gates_name_lists_match_what_is_implemented() -> None:
+    # config/ names what the packages above it implement (it may not import them): the lists must agree.
+    from pagedllm.config.kv_transfer import KV_CONNECTORS
+    from pagedllm.config.support import MOE_ARCHITECTURES
+    from pagedllm.distributed.kv_transfer import registered_connectors
+    from pagedllm.models.registry import supported_architectures
+
+    assert sorted(KV_CONNECTORS) == sorted(registered_connectors())
+    assert MOE_ARCHITECTURES <= set(supported_architectures())

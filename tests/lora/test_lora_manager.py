@@ -110,7 +110,8 @@ def test_native_decode_steps_aside_for_an_active_adapter(files: dict[str, Path])
     assert llama_decode._unsupported(model) is None
     # ... and returns None (the graphs run the step) whenever a token of the step runs an adapter.
     decoder = object.__new__(llama_decode.LlamaNativeDecoder)
-    decoder.lora_state, decoder.max_rows = m.state, 8
+    decoder.max_rows = 8
+    decoder.projection_methods = [p.quant_method for p in llama_decode._projections(model.model.layers[0])]
 
     def bind() -> bool:
         raise AssertionError("a step with an active adapter must not reach the native call")

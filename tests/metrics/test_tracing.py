@@ -12,7 +12,7 @@ from otlp_collector import SERVER_KIND, OTLPCollector
 from tiny_llm import make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
-from pagedllm.config import ObservabilityConfig
+from pagedllm.config import ObservabilityConfig, observability
 from pagedllm.metrics import tracing
 from pagedllm.metrics.tracing import SpanAttributes as A
 
@@ -107,9 +107,9 @@ def test_detailed_traces_need_an_endpoint() -> None:
 
 
 def test_tracing_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = tracing._find_spec
+    real = observability._find_spec
     monkeypatch.setattr(
-        tracing, "_find_spec", lambda name: None if name.startswith("opentelemetry.exporter") else real(name)
+        observability, "_find_spec", lambda name: None if name.startswith("opentelemetry.exporter") else real(name)
     )
     with pytest.raises(ValueError, match=r"otlp_traces_endpoint: .*opentelemetry.exporter.otlp.*pagedllm\[otel\]"):
         ObservabilityConfig(otlp_traces_endpoint="http://127.0.0.1:4317")

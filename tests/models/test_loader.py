@@ -19,10 +19,10 @@ from tiny_models import make_tiny_model
 from torch import nn
 from transformers import AutoConfig, LlamaConfig
 
-from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.layers.linear import LinearBase, UnquantizedLinearMethod
 from pagedllm.layers.quant import LinearMethodBase, WeightLoader
 from pagedllm.models import ModelLoadError, load_model, supported_architectures
+from pagedllm.quant_interface import QuantizationConfig
 
 
 def _llama_config(**overrides: object) -> LlamaConfig:

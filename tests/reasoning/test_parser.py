@@ -83,8 +83,7 @@ def stream(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
         delta = parser.extract_reasoning_content_streaming(text, text + piece, finished=i == len(pieces) - 1)
         text += piece
         if delta is not None:
-            assert delta.reasoning == delta.reasoning_content  # vLLM's name and its older alias
-            reasoning.append(delta.reasoning_content or "")
+            reasoning.append(delta.reasoning or "")
             content.append(delta.content or "")
     return "".join(reasoning), "".join(content)
 
@@ -112,13 +111,13 @@ def test_streamed_deltas_join_to_the_complete_split(
 def test_partial_markers_are_held_back_until_decided() -> None:
     parser = make("deepseek_r1")
     delta = parser.extract_reasoning_content_streaming("", "abc</th")
-    assert delta is not None and delta.reasoning_content == "abc" and delta.content is None
+    assert delta is not None and delta.reasoning == "abc" and delta.content is None
     # The tail turned out not to be the marker: it is reasoning after all.
     delta = parser.extract_reasoning_content_streaming("abc</th", "abc</thx")
-    assert delta is not None and delta.reasoning_content == "</thx"
+    assert delta is not None and delta.reasoning == "</thx"
     assert parser.extract_reasoning_content_streaming("abc</thx", "abc</thx</think>") is None
     delta = parser.extract_reasoning_content_streaming("abc</thx</think>", "abc</thx</think>ok")
-    assert delta is not None and delta.content == "ok" and delta.reasoning_content is None
+    assert delta is not None and delta.content == "ok" and delta.reasoning is None
 
 
 def test_registry_lists_names_and_rejects_unknown() -> None:

@@ -54,6 +54,5 @@ class RequestReasoning:
         delta = self.parser.extract_reasoning_content_streaming(previous, current, finished)
         if delta is None:
             return DeltaMessage()
-        if not self.include_reasoning:
-            delta.reasoning = delta.reasoning_content = None
-        return delta
+        reasoning = delta.reasoning if self.include_reasoning else None
+        return DeltaMessage(reasoning_content=reasoning, content=delta.content)

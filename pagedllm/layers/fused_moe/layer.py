@@ -20,10 +20,11 @@ from torch import nn
 from pagedllm.distributed import parallel_state
 from pagedllm.layers.fused_moe.router import select_experts
 from pagedllm.layers.linear import default_weight_loader
-from pagedllm.layers.quant.base import QuantizeMethodBase, set_weight_loader
+from pagedllm.layers.quant.base import set_weight_loader
+from pagedllm.quant_interface import QuantizeMethodBase
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import QuantizationConfig
+    from pagedllm.quant_interface import QuantizationConfig
 
 # (stacked parameter name prefix, checkpoint name part, expert id, shard id), as vLLM's mapping.
 ExpertParamsMapping = list[tuple[str, str, int, str]]

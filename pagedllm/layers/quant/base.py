@@ -1,7 +1,7 @@
 """What a layer delegates to its quantization method: creating its weights, fixing them up after the
 checkpoint is loaded, and computing its product.
 
-A `QuantizationConfig` (the interface in `pagedllm.config.quantization`, implemented by each format's
+A `QuantizationConfig` (the interface in `pagedllm.quant_interface`, implemented by each format's
 module here) picks the method of each layer by its prefix (`get_quant_method(layer, prefix)`);
 unquantized layers use `UnquantizedLinearMethod`. Quantized
 formats (GGUF kept packed, AWQ, GPTQ, fp8) and LoRA wrappers are further methods.
@@ -10,12 +10,14 @@ formats (GGUF kept packed, AWQ, GPTQ, fp8) and LoRA wrappers are further methods
 from __future__ import annotations
 
 import ctypes
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
+
+from pagedllm.quant_interface import QuantizeMethodBase
 
 
 class WeightLoader(Protocol):
@@ -25,23 +27,6 @@ class WeightLoader(Protocol):
     def __call__(
         self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: str | int | None = None
     ) -> None: ...
-
-
-class QuantizeMethodBase(ABC):
-    """Creates, loads and applies the weights of one layer."""
-
-    @abstractmethod
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer's output for input `x`."""
-
-    def process_weights_after_loading(self, layer: nn.Module) -> None:
-        """Called once every checkpoint tensor is in place (repacking, scales); nothing by default."""
-        return None
-
-    def constants(self, layer: nn.Module) -> tuple[object, ...]:
-        """What a graph traced through `apply` bakes in of this layer besides its tensors (block
-        types of a GGUF layer): one traced decoder block serves only layers with equal constants."""
-        return ()
 
 
 class LinearMethodBase(QuantizeMethodBase):
@@ -70,6 +55,11 @@ class LinearMethodBase(QuantizeMethodBase):
         for the native decode path: its float result, rounded to the activations' dtype, is what
         `apply` computes for one row without the bias. None: no such entry (the default)."""
         return None
+
+    def adds_to_base(self) -> bool:
+        """Whether this step's `apply` adds anything to the product of `dense_weight` / `native_matvec`
+        (an adapter some token of the step runs): code that runs that product itself steps aside then."""
+        return False
 
 
 @dataclass(frozen=True)

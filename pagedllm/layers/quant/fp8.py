@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.config.quantization import CheckpointTensors, QuantizationConfig
 from pagedllm.formats.quant_params import fp8_params
 from pagedllm.kernels import build
 from pagedllm.kernels.abi import Fp8Matvec
@@ -35,6 +34,7 @@ from pagedllm.layers.quant.base import (
     set_weight_loader,
 )
 from pagedllm.layers.quant.tiles import tile_rows, tiled_product
+from pagedllm.quant_interface import CheckpointTensors, QuantizationConfig
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max

@@ -26,7 +26,6 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
-from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.layers.embedding import VocabParallelEmbedding
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.quant import gguf_native
@@ -38,6 +37,7 @@ from pagedllm.layers.quant.base import (
     set_weight_loader,
 )
 from pagedllm.layers.quant.tiles import tiled_product
+from pagedllm.quant_interface import QuantizationConfig
 
 # Activation rows up to which the int8 kernel beats dequantized tiles + GEMM, per ggml type (a layer
 # of several types takes the smallest). benchmarks/quant_linear.py, 3072 x 768, one thread, this 2-core

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.config.quantization import CheckpointTensors, QuantizationConfig
 from pagedllm.formats.quant_params import int4_params
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.quant import int4_native
@@ -43,6 +42,7 @@ from pagedllm.layers.quant.int4_layouts import (
 )
 from pagedllm.layers.quant.int4_native import Int4Weight
 from pagedllm.layers.quant.tiles import tiled_product
+from pagedllm.quant_interface import CheckpointTensors, QuantizationConfig
 
 # Activation rows up to which the native kernel beats dequantized tiles + GEMM (benchmarks/
 # quant_linear.py: 3072 x 768, group 64, this 2-core AVX2 machine, one thread: at 8 rows kernel 1.42 ms

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pagedllm.config.quantization import CheckpointTensors
     from pagedllm.layers.quant.int4 import Int4QuantizationConfig
+    from pagedllm.quant_interface import CheckpointTensors
 
 # The output column each of an AWQ word's eight values holds; `_AWQ_UNDO[c]` is the value of column c.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)

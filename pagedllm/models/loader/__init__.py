@@ -20,11 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.distributed.parallel_state import check_tensor_parallel_size
 from pagedllm.errors import ModelLoadError
 from pagedllm.formats.model_source import download_model_files, hub_weight_patterns
-from pagedllm.layers.quant.base import QuantizeMethodBase
 from pagedllm.layers.rotary import RotaryEmbedding
 from pagedllm.models.loader.dummy import initialize_dummy_weights
 from pagedllm.models.loader.gguf_loader import (
@@ -39,6 +37,7 @@ from pagedllm.models.loader.safetensors_loader import iterate_safetensors, safet
 from pagedllm.models.loader.safetensors_loader import read_header as read_safetensors_header
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
+from pagedllm.quant_interface import QuantizationConfig, QuantizeMethodBase
 
 __all__ = [
     "ModelLoadError",

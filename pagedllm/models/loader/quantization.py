@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedllm.config.quantization import QuantizationConfig
 from pagedllm.layers.quant.fp8 import Fp8QuantizationConfig
 from pagedllm.layers.quant.gguf import GGUFQuantizationConfig
 from pagedllm.layers.quant.int4 import AWQQuantizationConfig, GPTQQuantizationConfig
 from pagedllm.platforms import current_platform
+from pagedllm.quant_interface import QuantizationConfig
 
 # By the names of `pagedllm.config.quantization.QUANTIZATION_METHODS`.
 QUANTIZATION_METHODS: dict[str, type[QuantizationConfig]] = {

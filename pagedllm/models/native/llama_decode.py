@@ -50,7 +50,6 @@ from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.quant.base import NativeMatvec
 from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.lora.layers import LoRALinearMethod
 
 logger = logging.getLogger("pagedllm.compile")
 
@@ -159,10 +158,9 @@ class LlamaNativeDecoder:
         self._layers: ctypes.Array[LlamaLayer] | None = None
         self._model: LlamaModel | None = None
         self._layout: cpu_decode.DecodeLayout | None = None
-        # The adapters' step state where the projections are LoRA-wrapped: this path computes the base
-        # model only, so it steps aside whenever a token of the step runs an adapter.
-        methods = [m.quant_method for m in _projections(layers[0])]
-        self.lora_state = next((m.state for m in methods if isinstance(m, LoRALinearMethod)), None)
+        # This path computes the base model only, so it steps aside whenever a projection's method adds
+        # to it (a token of the step runs a LoRA adapter: every layer's adapters share one step state).
+        self.projection_methods = [m.quant_method for m in _projections(layers[0])]
 
     @classmethod
     def for_model(cls, model: nn.Module) -> LlamaNativeDecoder | None:
@@ -286,7 +284,7 @@ class LlamaNativeDecoder:
         if (
             rows > self.max_rows
             or md is None
-            or (self.lora_state is not None and self.lora_state.active)
+            or any(m.adds_to_base() for m in self.projection_methods)
             or not self._bind()
         ):
             return None
