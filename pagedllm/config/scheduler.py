@@ -67,6 +67,14 @@ class SchedulerConfig:
             self.max_num_batched_tokens = budget
         self.verify()
 
+    @property
+    def step_token_budget(self) -> int:
+        """The most tokens one step runs: the scheduler's budget, and what the runner's buffers hold.
+        `max_num_batched_tokens`, or a smaller `max_num_scheduled_tokens` (speculative decoding may set
+        one to keep slots for drafts); a larger one is capped."""
+        assert self.max_num_batched_tokens is not None
+        return min(self.max_num_scheduled_tokens or self.max_num_batched_tokens, self.max_num_batched_tokens)
+
     def verify(self) -> None:
         """Cross-field checks; run again by EngineConfig after `max_model_len` is known."""
         assert self.max_num_batched_tokens is not None and self.max_num_seqs is not None

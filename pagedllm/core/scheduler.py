@@ -68,12 +68,7 @@ class Scheduler(SchedulerUpdate):
             )
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
-        # The step's token budget; smaller than max_num_batched_tokens only where slots are reserved
-        # for speculative tokens.
-        self.max_num_scheduled_tokens = min(
-            scheduler_config.max_num_scheduled_tokens or self.max_num_batched_tokens,
-            self.max_num_batched_tokens,
-        )
+        self.max_num_scheduled_tokens = scheduler_config.step_token_budget
         # Admit a request only when blocks for its whole prompt are free (no admission that the next
         # chunk would have to preempt for).
         self.reserve_full_prompt = scheduler_config.scheduler_reserve_full_isl

@@ -109,8 +109,7 @@ class ModelRunner(RunnerStartup):
         self.max_model_len: int = mc.max_model_len
         sc = engine_config.scheduler_config
         self.max_num_reqs: int = sc.max_num_seqs
-        # The step budget: max_num_scheduled_tokens overrides max_num_batched_tokens when set.
-        self.max_num_tokens: int = max(sc.max_num_batched_tokens, sc.max_num_scheduled_tokens or 0)
+        self.max_num_tokens: int = sc.step_token_budget
         self.vocab_size: int = mc.get_vocab_size()
         self.max_num_blocks_per_req = -(-self.max_model_len // self.block_size)
         self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, self.max_num_blocks_per_req)

@@ -53,6 +53,12 @@ def test_max_num_scheduled_tokens_caps_the_step() -> None:
     assert res.tokens == {r: expected_tokens(p, 3) for r, p in prompts.items()}
 
 
+@pytest.mark.parametrize(("scheduled", "budget"), [(None, 32), (5, 5), (32, 32), (40, 32)])
+def test_the_step_budget_is_the_configs_one_formula(scheduled: int | None, budget: int) -> None:
+    s = make_scheduler(max_num_batched_tokens=32, max_num_scheduled_tokens=scheduled)
+    assert s.max_num_scheduled_tokens == budget
+
+
 @pytest.mark.parametrize("field", ["max_num_partial_prefills", "max_long_partial_prefills"])
 def test_partial_prefill_limits_are_rejected(field: str) -> None:
     extra = {"max_num_partial_prefills": 2} if field == "max_long_partial_prefills" else {}

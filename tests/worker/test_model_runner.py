@@ -234,3 +234,11 @@ def test_cpu_kv_cache_commits_memory_only_when_used(model_dir: Path) -> None:
     cache = runner.kv_caches[0]
     cache[:, -1] = 1.0
     assert cache[:, -1].all() and not cache[:, 0].any()
+
+
+@pytest.mark.parametrize(("scheduled", "budget"), [(None, 64), (40, 40), (100, 64)])
+def test_the_runner_holds_the_schedulers_step_budget(model_dir: Path, scheduled: int | None, budget: int) -> None:
+    # One formula (SchedulerConfig.step_token_budget) for the scheduler's budget and the runner's buffers.
+    config = make_config(model_dir, optimization_level=0)
+    config.scheduler_config.max_num_scheduled_tokens = scheduled
+    assert ModelRunner(config).max_num_tokens == budget
