@@ -13,11 +13,14 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pagedllm.lora.request import LoRARequest
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
 
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -80,7 +83,7 @@ def write_random_adapter(hf_config: Any, path: Path, rank: int, seed: int) -> Pa
     return path
 
 
-def lora_requests(args: argparse.Namespace, engine_config: Any) -> list[LoRARequest]:
+def lora_requests(args: argparse.Namespace, engine_config: EngineConfig) -> list[LoRARequest]:
     """The adapters of the run (empty without --lora-path / --lora-random-rank)."""
     if args.lora_path is None and args.lora_random_rank is None:
         return []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.config.support import check_supported
 from pagedllm.core.hashing import get_request_block_hasher
@@ -30,12 +30,15 @@ from pagedllm.executor.abstract import StepFuture
 from pagedllm.kv_cache_interface import KVCacheSpec, check_num_blocks, num_blocks_from_budget
 from pagedllm.structured_output.manager import StructuredOutputManager
 
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+
 logger = logging.getLogger("pagedllm.engine")
 
 
 class EngineCore(EngineCoreOps, LoRAOps):
     def __init__(
-        self, engine_config: Any, executor_class: type[Executor] | None = None, log_stats: bool = True
+        self, engine_config: EngineConfig, executor_class: type[Executor] | None = None, log_stats: bool = True
     ) -> None:
         self.engine_config = engine_config
         # Construction checked this already; a config edited since (or built with the gate lifted)
@@ -215,12 +218,12 @@ class EngineCore(EngineCoreOps, LoRAOps):
         self.model_executor.shutdown()
 
 
-def _kv_events_enabled(engine_config: Any) -> bool:
+def _kv_events_enabled(engine_config: EngineConfig) -> bool:
     kv_events_config = engine_config.kv_events_config
     return kv_events_config is not None and kv_events_config.enable_kv_cache_events
 
 
-def _make_structured_output_manager(engine_config: Any) -> StructuredOutputManager | None:
+def _make_structured_output_manager(engine_config: EngineConfig) -> StructuredOutputManager | None:
     """The grammar manager; None without a tokenizer (a grammar works on the tokens' text). Cheap: the
     tokenizer and the vocabulary tables load with the first constrained request, off the step loop."""
     model_config = engine_config.model_config

@@ -26,6 +26,7 @@ from pagedllm.engine.utility import (
 )
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.core.scheduler import Scheduler
     from pagedllm.executor import Executor
 
@@ -48,7 +49,7 @@ class EngineCoreOps:
 
     model_executor: Executor
     scheduler: Scheduler
-    engine_config: Any
+    engine_config: EngineConfig
     # The parts a sleeping engine released (empty while awake).
     _asleep: set[str]
 

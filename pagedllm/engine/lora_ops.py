@@ -9,13 +9,14 @@ an unfinished request uses: running requests are never disturbed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from pagedllm.lora.request import LoRARequest
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.core.scheduler import Scheduler
     from pagedllm.executor import Executor
 
@@ -25,7 +26,7 @@ class LoRAOps:
 
     model_executor: Executor
     scheduler: Scheduler
-    engine_config: Any
+    engine_config: EngineConfig
 
     def _require_lora(self) -> None:
         if self.engine_config.lora_config is None:

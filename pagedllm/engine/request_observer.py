@@ -9,12 +9,13 @@ server's `AsyncLLM`) share it, so the two report the same things.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pagedllm.engine.request_logger import RequestLogger
 from pagedllm.metrics.tracing import RequestTracer, flush_traces
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.engine.protocol import EngineCoreRequest
     from pagedllm.outputs import RequestMetrics
     from pagedllm.sampling_params import SamplingParams
@@ -52,7 +53,7 @@ class RequestObserver:
 
     @classmethod
     def from_config(
-        cls, engine_config: Any, model_name: str | None, log_requests: bool
+        cls, engine_config: EngineConfig, model_name: str | None, log_requests: bool
     ) -> RequestObserver | None:
         """The observer the configuration asks for (None when it asks for neither logs nor traces);
         spans name ``model_name``, by default the first served model name."""

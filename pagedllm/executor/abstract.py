@@ -14,11 +14,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed.parallel_state import max_concurrent_batches
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
 
 
 def run_worker_method(
@@ -50,7 +53,7 @@ class Executor(ABC):
     _supports_async_scheduling: ClassVar[bool] = False
 
     @staticmethod
-    def get_class(engine_config: Any) -> type[Executor]:
+    def get_class(engine_config: EngineConfig) -> type[Executor]:
         backend = engine_config.parallel_config.distributed_executor_backend
         if backend in (None, "uni"):
             world = engine_config.parallel_config.world_size
@@ -95,7 +98,7 @@ class Executor(ABC):
     def supports_async_scheduling(cls) -> bool:
         return cls._supports_async_scheduling
 
-    def __init__(self, engine_config: Any) -> None:
+    def __init__(self, engine_config: EngineConfig) -> None:
         self.engine_config = engine_config
         self._init_executor()
 

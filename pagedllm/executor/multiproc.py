@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedllm import envs
 from pagedllm.child_process import group_signals_held, init_child_process
@@ -34,6 +34,9 @@ from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
 from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
 from pagedllm.runtime_dir import make_runtime_dir
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
 
 logger = logging.getLogger("pagedllm.executor")
 
@@ -69,7 +72,7 @@ def _die_with_parent() -> None:
 
 
 def worker_main(
-    engine_config: Any, rank: int, init_method: str, handle: QueueHandle, conn: Connection
+    engine_config: EngineConfig, rank: int, init_method: str, handle: QueueHandle, conn: Connection
 ) -> None:
     """A worker process: build the worker, then run the calls the queue brings until shutdown."""
     init_child_process()

@@ -15,12 +15,15 @@ import logging
 import socket
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedllm import envs
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
 from pagedllm.executor.multiproc import WorkerDiedError, free_tcp_port
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
 
 logger = logging.getLogger("pagedllm.executor")
 
@@ -39,7 +42,7 @@ class RayWorker:
         return socket.gethostbyname(socket.gethostname()), free_tcp_port()
 
     def start(
-        self, engine_config: Any, rank: int, init_method: str, ranks_on_machine: int, omp_threads: int | None
+        self, engine_config: EngineConfig, rank: int, init_method: str, ranks_on_machine: int, omp_threads: int | None
     ) -> None:
         """`omp_threads`: the driver's OMP_NUM_THREADS (the user's choice) or None; without it a CPU rank
         takes its share of this machine's cores, as the other executors' ranks do."""

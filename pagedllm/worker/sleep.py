@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -24,6 +24,7 @@ from pagedllm.models.loader import effective_quant_config, reload_weights
 from pagedllm.platforms import current_platform
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("pagedllm.worker")
@@ -37,7 +38,7 @@ def _model(runner: ModelRunner) -> torch.nn.Module:
 class WorkerSleep:
     """What a sleeping runner released, and how to restore it."""
 
-    def __init__(self, runner: ModelRunner, engine_config: Any) -> None:
+    def __init__(self, runner: ModelRunner, engine_config: EngineConfig) -> None:
         self.runner = runner
         self.engine_config = engine_config
         self.released: set[str] = set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,13 +23,16 @@ from pagedllm.worker.profiler import TorchProfiler
 from pagedllm.worker.sleep import WorkerSleep
 from pagedllm.worker.weight_update import WeightUpdater
 
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+
 logger = logging.getLogger("pagedllm.worker")
 
 
 class Worker:
     def __init__(
         self,
-        engine_config: Any,
+        engine_config: EngineConfig,
         rank: int = 0,
         local_rank: int = 0,
         distributed_init_method: str | None = None,

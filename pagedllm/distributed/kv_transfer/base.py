@@ -33,6 +33,7 @@ import torch
 from pagedllm.platforms import current_platform
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.core.hashing import BlockHash
     from pagedllm.core.kv_cache_manager import KVCacheManager
     from pagedllm.core.request import Request
@@ -51,7 +52,7 @@ class KVConnectorBase:
     # Why a producer- or consumer-only role makes sense: a prefill instance never loads, a decode
     # instance never saves. Connectors that serve both always (the offloading tier) ignore the role.
     def __init__(
-        self, engine_config: Any, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
+        self, engine_config: EngineConfig, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
     ) -> None:
         self.engine_config = engine_config
         self.role = role

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRole
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.kv_cache_interface import KVCacheSpec
 
 # name -> "module:class", imported on use (a connector's module may pull in what others never need).
@@ -40,12 +41,12 @@ def connector_class(name: str) -> type[KVConnectorBase]:
 
 
 def make_connector(
-    name: str, engine_config: Any, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
+    name: str, engine_config: EngineConfig, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
 ) -> KVConnectorBase:
     return connector_class(name)(engine_config, role, spec, extra_config)
 
 
-def create_connector(engine_config: Any, role: KVConnectorRole, spec: KVCacheSpec) -> KVConnectorBase | None:
+def create_connector(engine_config: EngineConfig, role: KVConnectorRole, spec: KVCacheSpec) -> KVConnectorBase | None:
     """The configured connector for one side, or None when none is configured (or the model keeps no
     KV cache: there is nothing to move)."""
     kv = engine_config.kv_transfer_config

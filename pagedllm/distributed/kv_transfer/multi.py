@@ -16,6 +16,7 @@ from pagedllm.distributed.kv_transfer.base import KVConnectorBase, KVConnectorRo
 from pagedllm.distributed.kv_transfer.factory import make_connector
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.core.kv_cache_manager import KVCacheManager
     from pagedllm.core.request import Request
     from pagedllm.core.sched_output import SchedulerOutput
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 class MultiConnector(KVConnectorBase):
     def __init__(
-        self, engine_config: Any, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
+        self, engine_config: EngineConfig, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
     ) -> None:
         super().__init__(engine_config, role, spec, extra_config)
         subs = extra_config.get("connectors")

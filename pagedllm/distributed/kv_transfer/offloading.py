@@ -39,6 +39,7 @@ from pagedllm.distributed.kv_transfer.tier_store import allocate_tier, num_tier_
 from pagedllm.platforms import current_platform
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.core.block_pool import KVCacheBlock
     from pagedllm.core.hashing import BlockHash
     from pagedllm.core.kv_cache_manager import KVCacheManager
@@ -59,7 +60,7 @@ class OffloadingMetadata:
 
 class OffloadingConnector(KVConnectorBase):
     def __init__(
-        self, engine_config: Any, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
+        self, engine_config: EngineConfig, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
     ) -> None:
         super().__init__(engine_config, role, spec, extra_config)
         unknown = sorted(set(extra_config) - set(_EXTRA_KEYS))

@@ -38,6 +38,7 @@ from pagedllm.distributed.kv_transfer.base import (
 )
 
 if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
     from pagedllm.core.hashing import BlockHash
     from pagedllm.core.request import Request
     from pagedllm.core.sched_output import SchedulerOutput
@@ -63,7 +64,7 @@ def _checksum(data: torch.Tensor) -> int:
 
 class SharedStorageConnector(KVConnectorBase):
     def __init__(
-        self, engine_config: Any, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
+        self, engine_config: EngineConfig, role: KVConnectorRole, spec: KVCacheSpec, extra_config: Mapping[str, Any]
     ) -> None:
         super().__init__(engine_config, role, spec, extra_config)
         unknown = sorted(set(extra_config) - {"shared_storage_path"})

@@ -6,17 +6,20 @@ The split runs before anything else reads the content (a tool-call parser parses
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedllm.entrypoints.openai.protocol_chat import ChatCompletionRequest, ChatResponseMessage, DeltaMessage
 from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
 
 
 class ReasoningSplitter:
     """The server's reasoning parser (None: no --reasoning-parser, text is all content); `vocab` is read
     once here, not per request."""
 
-    def __init__(self, engine_config: Any, tokenizer: Any) -> None:
+    def __init__(self, engine_config: EngineConfig, tokenizer: Any) -> None:
         reasoning_config = engine_config.reasoning_config
         name = reasoning_config.reasoning_parser if reasoning_config is not None else ""
         self.parser_class: type[ReasoningParser] | None = get_reasoning_parser(name) if name else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -38,6 +38,9 @@ from pagedllm.models.loader.safetensors_loader import read_header as read_safete
 from pagedllm.models.loader.weights import accepts, load_weights
 from pagedllm.models.registry import resolve_model_cls
 from pagedllm.quant_interface import QuantizationConfig, QuantizeMethodBase
+
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
 
 __all__ = [
     "ModelLoadError",
@@ -183,14 +186,14 @@ def _download_hub_weights(model_config: Any, load_config: Any) -> Path:
         raise ModelLoadError(str(e)) from None
 
 
-def _model_path(engine_config: Any) -> Path:
+def _model_path(engine_config: EngineConfig) -> Path:
     mc, lc = engine_config.model_config, engine_config.load_config
     if getattr(mc, "source_kind", None) == "hub" and lc.load_format != "dummy":
         return _download_hub_weights(mc, lc)
     return Path(mc.model_path)
 
 
-def reload_weights(model: nn.Module, engine_config: Any) -> None:
+def reload_weights(model: nn.Module, engine_config: EngineConfig) -> None:
     """Fill `model`'s (reallocated) parameters again from the configured checkpoint (sleep mode level 2
     wake-up). Unquantized weights only: a quantization method's post-load processing is not repeatable."""
     if effective_quant_config(engine_config) is not None:
@@ -206,7 +209,7 @@ def reload_weights(model: nn.Module, engine_config: Any) -> None:
             load_weights(model, _weights(load_format, model_path, gguf_path))
 
 
-def get_model(engine_config: Any) -> nn.Module:
+def get_model(engine_config: EngineConfig) -> nn.Module:
     """The configured model with its weights, on the configured device, in eval mode."""
     mc = engine_config.model_config
     pp = engine_config.parallel_config.pipeline_parallel_size
@@ -229,7 +232,7 @@ def get_model(engine_config: Any) -> nn.Module:
     )
 
 
-def effective_quant_config(engine_config: Any) -> Any:
+def effective_quant_config(engine_config: EngineConfig) -> QuantizationConfig | None:
     """The quantization the loaded model runs: the config's `quant_config` if given, else the method its
     model config names (resolved here), but None for a GGUF file whose tensors are dequantized to the
     model dtype at load (the default, `gguf_dequantize`)."""
