@@ -155,10 +155,6 @@ class AttentionMetadataBuilder(ABC):
 class AttentionBackend(ABC):
     @staticmethod
     @abstractmethod
-    def get_name() -> str: ...
-
-    @staticmethod
-    @abstractmethod
     def get_impl_cls() -> type[AttentionImpl]: ...
 
     @staticmethod

@@ -61,10 +61,6 @@ class Roofline:
         """The higher of two readings of each limit (probes before and after a run)."""
         return Roofline(max(self.bandwidth, other.bandwidth), max(self.matmul_rate, other.matmul_rate))
 
-    def decode_tokens_per_s(self, weight_bytes: int) -> float:
-        """Single-stream decode limit: every step reads every weight once."""
-        return self.bandwidth / weight_bytes
-
     def compute_tokens_per_s(self, num_params: int) -> float:
         return self.matmul_rate / (2 * num_params)
 

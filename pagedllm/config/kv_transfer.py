@@ -33,10 +33,6 @@ class KVTransferConfig:
         return self.kv_connector is not None and self.kv_role is not None
 
     @property
-    def is_kv_producer(self) -> bool:
-        return self.kv_connector is not None and self.kv_role in ("kv_producer", "kv_both")
-
-    @property
     def is_kv_consumer(self) -> bool:
         return self.kv_connector is not None and self.kv_role in ("kv_consumer", "kv_both")
 

@@ -271,10 +271,6 @@ class ModelConfig:
         return "pooling" if self.pooler_config is not None else "generate"
 
     @property
-    def convert_type(self) -> str:
-        return "none" if self.convert == "auto" else self.convert
-
-    @property
     def is_moe(self) -> bool:
         text = self.hf_text_config
         experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None) or 0
@@ -371,9 +367,6 @@ class ModelConfig:
             return None
         window = getattr(self.hf_text_config, "sliding_window", None)
         return int(window) if window else None
-
-    def get_rope_parameters(self) -> dict[str, Any]:
-        return hf_utils.rope_parameters(self.hf_text_config)
 
     # -- tokens and sampling defaults -------------------------------------------------------------
     def _generation_config_dict(self) -> dict[str, Any]:

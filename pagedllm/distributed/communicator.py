@@ -64,14 +64,6 @@ class GroupCoordinator:
             dist.broadcast(x, src=self.ranks[src], group=group)
         return x
 
-    def broadcast_object(self, obj: Any = None, src: int = 0) -> Any:
-        """A picklable object of group rank `src`, returned on every rank (host-side, over gloo)."""
-        if self.world_size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=self.ranks[src], group=self.cpu_group)
-        return box[0]
-
     def send(self, x: torch.Tensor, dst: int) -> None:
         """Send `x` to group rank `dst` (which receives it with `recv` of the same shape)."""
         dist.send(x.contiguous(), dst=self.ranks[dst], group=self.device_group)

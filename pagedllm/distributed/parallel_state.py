@@ -125,10 +125,6 @@ def max_concurrent_batches(parallel_config: Any) -> int:
     return pp if parallel_config.distributed_executor_backend in ("mp", "ray") else 1
 
 
-def is_output_rank() -> bool:
-    return _WORLD.rank == output_rank(_TP.world_size, _PP.world_size)
-
-
 def get_pp_indices(num_layers: int, pp_rank: int, pp_size: int) -> tuple[int, int]:
     """`[start, end)` of the layers pipeline stage `pp_rank` holds (vLLM's rule): the sizes in
     `PAGEDLLM_PP_LAYER_PARTITION` when set, else `num_layers // pp_size` each with the remainder

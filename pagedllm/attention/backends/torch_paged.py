@@ -338,10 +338,6 @@ class TorchPagedAttentionImpl(AttentionImpl):
 
 class TorchPagedAttentionBackend(AttentionBackend):
     @staticmethod
-    def get_name() -> str:
-        return "TORCH_PAGED"
-
-    @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
         return TorchPagedAttentionImpl
 
