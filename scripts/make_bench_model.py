@@ -105,7 +105,7 @@ def write_shaped(out: Path, moe: bool = False) -> None:
 
 
 def embedded_gguf() -> Path:
-    from pagedllm.config.model_source import embedded_model_path
+    from pagedllm.formats.model_source import embedded_model_path
 
     return embedded_model_path()
 
