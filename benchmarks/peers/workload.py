@@ -127,7 +127,7 @@ def offline_job(model: ModelFacts, num_prompts: int, input_len: tuple[int, int],
         "prompts": _prompts(model, num_prompts, input_len, seed),
         "output_len": output_len,
         "warmup_prompts": _prompts(model, 4, input_len, seed + 1),
-        "warmup_output_len": 8,
+        "warmup_output_len": min(8, output_len),  # within max_model_len
         "max_model_len": input_len[1] + output_len,
     }
 

@@ -49,6 +49,7 @@ def test_jobs_are_seeded_distinct_and_avoid_special_tokens(tiny: Path) -> None:
     assert all(8 <= len(p) <= 40 for p in a["prompts"]) and len(a["prompts"]) == 20
     assert not special & set(ids) and max(ids) < model.vocab_size
     assert a["warmup_prompts"][0] not in a["prompts"] and a["max_model_len"] == 45
+    assert max(len(p) for p in a["warmup_prompts"]) + a["warmup_output_len"] <= a["max_model_len"]
     decode = workload.decode_job(model, 24, 6, iters=2, seed=0)
     prompts = [decode["warmup_prompt"], *(p for pair in decode["prompt_pairs"] for p in pair)]
     assert len(prompts) == 5 and {len(p) for p in prompts} == {24}

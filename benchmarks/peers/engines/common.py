@@ -112,6 +112,18 @@ class OfflineLLM:
         return sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
+def llm_kwargs(job: dict[str, Any], engine: str) -> dict[str, Any]:
+    """The `LLM(...)` arguments pagedllm and vLLM share (same names in both), plus `engine`'s extras."""
+    return {
+        "model": job["model"],
+        "dtype": job["dtype"],
+        "max_model_len": job["max_model_len"],
+        "max_num_seqs": job["max_num_seqs"],
+        "seed": 0,
+        **job.get("engine_args", {}).get(engine, {}),
+    }
+
+
 def config_summary(config: Any, fields: dict[str, str]) -> dict[str, Any]:
     """`fields` (label -> dotted attribute path) read from an engine's resolved config, as text; a
     path the engine lacks reads None. vLLM and pagedllm share the names."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common import ENGINE_CONFIG_FIELDS, OfflineLLM, config_summary, main
+from common import ENGINE_CONFIG_FIELDS, OfflineLLM, config_summary, llm_kwargs, main
 
 
 class PagedLLM(OfflineLLM):
@@ -14,13 +14,8 @@ class PagedLLM(OfflineLLM):
         from pagedllm import LLM, SamplingParams
 
         self.kwargs: dict[str, Any] = {
-            "model": job["model"],
-            "dtype": job["dtype"],
-            "max_model_len": job["max_model_len"],
-            "max_num_seqs": job["max_num_seqs"],
             "kv_cache_memory_bytes": int(job["kv_cache_gib"] * 2**30),
-            "seed": 0,
-            **job.get("engine_args", {}).get("pagedllm", {}),
+            **llm_kwargs(job, "pagedllm"),
         }
         if job["model"].endswith(".gguf"):
             # The quantized-execution path unless the job asks for the dequantized (float) one.

@@ -8,21 +8,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from common import ENGINE_CONFIG_FIELDS, OfflineLLM, config_summary, main
+from common import ENGINE_CONFIG_FIELDS, OfflineLLM, config_summary, llm_kwargs, main
 
 
 class VLLM(OfflineLLM):
     def __init__(self, job: dict[str, Any]) -> None:
         from vllm import LLM, SamplingParams
 
-        self.kwargs: dict[str, Any] = {
-            "model": job["model"],
-            "dtype": job["dtype"],
-            "max_model_len": job["max_model_len"],
-            "max_num_seqs": job["max_num_seqs"],
-            "seed": 0,
-            **job.get("engine_args", {}).get("vllm", {}),
-        }
+        self.kwargs = llm_kwargs(job, "vllm")
         super().__init__(LLM(**self.kwargs), SamplingParams)
 
     def describe(self) -> dict[str, Any]:
