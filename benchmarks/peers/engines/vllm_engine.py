@@ -26,7 +26,7 @@ class VLLM(OfflineLLM):
         flags = {
             **{k: str(v) for k, v in self.kwargs.items()},
             **config_summary(config, ENGINE_CONFIG_FIELDS),
-            **{k: v for k, v in os.environ.items() if k.startswith("VLLM_CPU") or k == "OMP_NUM_THREADS"},
+            **{k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "VLLM_USE_AOT")) or k == "OMP_NUM_THREADS"},
         }
         return {"version": {"vllm": vllm.__version__, "torch": torch.__version__}, "flags": flags, "notes": []}
 
