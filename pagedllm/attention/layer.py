@@ -62,7 +62,8 @@ def unified_attention(
     whole cache, and nothing else in a graph reads the cache.
 
     Registered through `torch.library.Library` rather than `torch.library.custom_op`, whose Python
-    wrapper (argument and aliasing checks on every call) costs ~6 us more per layer and step."""
+    wrapper runs argument and aliasing checks on every call, per layer and step (figures:
+    benchmarks/RESULTS.md, "Figures behind code choices")."""
     # A plain tuple finds the `AttentionParams` key (equal and hashed alike) without its constructor.
     impl = _IMPLS[(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap)]  # type: ignore[index]
     return impl.forward(query, key, value, kv_cache, get_forward_context().attn_metadata, kv_scales)

@@ -289,7 +289,7 @@ def _probe_cpu_vector_isa() -> None:
 
     if current_platform.is_cpu():
         # Inductor's first CPU compile probes which vector ISAs build and load (a child Python per ISA,
-        # ~1.5 s); the answer is cached for the process.
+        # over a second in all); the answer is cached for the process.
         from torch._inductor.cpu_vec_isa import valid_vec_isa_list
 
         valid_vec_isa_list()

@@ -33,11 +33,11 @@ ShardId = str | int
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear`, except for a single row inside a compiled graph (a one-sequence decode step), where
-    it is written as a multiply-reduce that Inductor turns into one streaming kernel: on 2 Zen 4 cores
-    that reads bf16 weights at ~25 GB/s where the BLAS matrix-vector product reaches ~13 GB/s, and
-    single-stream decode is bound by reading every weight once per token; and for 2 to 8 rows on the
-    CPU (a few decodes, or a request verifying drafted tokens), which go to the few-row kernel
-    (`skinny_gemm`) for the same reason."""
+    it is written as a multiply-reduce that Inductor turns into one streaming kernel, which reads the
+    weights faster than the BLAS matrix-vector product (figures: benchmarks/RESULTS.md, "Figures behind
+    code choices"), and single-stream decode is bound by reading every weight once per token; and for
+    2 to 8 rows on the CPU (a few decodes, or a request verifying drafted tokens), which go to the
+    few-row kernel (`skinny_gemm`) for the same reason."""
     if x.dim() == 2 and x.shape[0] == 1 and torch.compiler.is_compiling():
         # Store the input row (in float32) before the reduction reads it: Inductor otherwise inlines
         # a pointwise producer (the RMSNorm before the QKV and gate/up projections) into the

@@ -3,9 +3,9 @@ with a dense float32 / bfloat16 weight, streaming the weight once (kernels/cpu/s
 dense kernel library).
 
 A step of a few tokens is bound by reading the weights, as a one-token step is; torch's CPU GEMM
-instead packs the weight or runs a matrix-vector product per row for such shapes, so on an AVX2
-machine verifying k drafted tokens cost 2-3x a one-token step (the [5, 576] x [576, 49152] LM head:
-22 ms against 8 ms for one row), which ate the gain of speculative decoding. `linear` sends these
+instead packs the weight or runs a matrix-vector product per row for such shapes, so verifying k
+drafted tokens cost several one-token steps (figures: benchmarks/RESULTS.md, "Figures behind code
+choices"), which ate the gain of speculative decoding. `linear` sends these
 shapes here (`torch.ops.pagedllm.skinny_linear`, opaque to torch.compile like the attention op).
 """
 

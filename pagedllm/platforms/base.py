@@ -110,7 +110,8 @@ class Platform:
     def supports_background_kv_copies(self) -> bool:
         """Whether a KV connector's copies should run on a thread beside the forward. Not where the KV
         cache is host memory: the copies would take the forward's own cores, and the copy thread's
-        OpenMP team spins after each copy (on 2 CPU cores it made every decode step ~12 ms slower)."""
+        OpenMP team spins after each copy, slowing every decode step (figures: benchmarks/RESULTS.md,
+        "Figures behind code choices")."""
         return False
 
     def default_compile_backend(self) -> str:

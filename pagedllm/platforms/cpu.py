@@ -33,9 +33,8 @@ class CpuPlatform(Platform):
 
     def default_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
         # With native bf16 dot products (AVX512-BF16 or AMX-BF16) bf16 halves the bytes every decode
-        # step reads and doubles the GEMM rate: on a 2-core Zen 4 (AVX512-BF16), bf16 GEMMs run at
-        # 0.38 TFLOP/s against 0.18 for fp32, and a decode step's matrix-vector products take 0.6x
-        # the fp32 time. Without them bf16 is emulated and slower than fp32, which is exact anyway.
+        # step reads and about doubles the GEMM rate (figures: benchmarks/RESULTS.md, "Figures behind
+        # code choices"). Without them bf16 is emulated and slower than fp32, which is exact anyway.
         return torch.bfloat16 if self.has_native_bf16() else torch.float32
 
     @staticmethod
@@ -62,7 +61,8 @@ class CpuPlatform(Platform):
 
         By default glibc serves every allocation above 128 KiB-32 MiB with a fresh `mmap` and unmaps
         it on free, so each step's activation and gather buffers are page-faulted (and zeroed by the
-        kernel) again: a 10 MB `index_select` takes 18.7 ms that way and 6.4 ms from a reused heap.
+        kernel) again, which made a large `index_select` several times slower than from a reused heap
+        (figures: benchmarks/RESULTS.md, "Figures behind code choices").
         Returns whether the settings took (False off glibc)."""
         try:
             libc = ctypes.CDLL("libc.so.6")

@@ -5,10 +5,10 @@ top-k and top-p truncate the distribution; then one draw per random row.
 All functions work in place on ``logits`` [num_reqs, vocab] float32 and return it.
 
 Two kernels have a CPU variant, chosen by the tensor's device, because what is cheap on a GPU is not
-on a CPU (measured on [64, 49152] with 2 threads): the exponential race needs a random number per
-vocabulary entry (exponential_ ~70 ms, uniform_ ~10 ms), while inverse-CDF sampling needs one per row
-(~3 ms); and a full sort for top-p takes ~140 ms, while a top-256 partial sort finds the cut-off of
-almost every row (the rest fall back to the sort). On CUDA both stay vLLM's sync-free kernels.
+on a CPU: the exponential race needs a random number per vocabulary entry, while inverse-CDF sampling
+needs one per row; and a full sort for top-p is far slower than a top-256 partial sort, which finds the
+cut-off of almost every row (the rest fall back to the sort). Figures: benchmarks/RESULTS.md, "Figures
+behind code choices". On CUDA both stay vLLM's sync-free kernels.
 """
 
 from __future__ import annotations

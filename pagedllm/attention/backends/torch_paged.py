@@ -124,7 +124,7 @@ def _run_compiled_dense(kind: tuple[Any, ...], *args: Any) -> torch.Tensor:
 
 def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """`x.index_select(0, index)` for a contiguous `x`, through a 2-D view: torch's CPU kernel copies
-    whole rows with memcpy only for 2-D inputs, and is ~6x slower on the 4-D cache blocks."""
+    whole rows with memcpy only for 2-D inputs, and is several times slower on the 4-D cache blocks."""
     return x.view(x.shape[0], -1).index_select(0, index).view(index.shape[0], *x.shape[1:])
 
 
@@ -348,4 +348,4 @@ class TorchPagedAttentionBackend(AttentionBackend):
     @staticmethod
     def warm_up(device: torch.device) -> None:
         if device.type == "cpu":
-            cpu_decode.kernel()  # the first build runs the C compiler (~6 s); later starts load it
+            cpu_decode.kernel()  # the first build runs the C compiler (seconds); later starts load it

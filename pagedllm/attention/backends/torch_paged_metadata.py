@@ -33,9 +33,9 @@ from pagedllm.attention.backends import cpu_decode
 MAX_DECODE_QUERY_LEN = 8
 
 # Decode steps of at most this many rows run the compiled dense kernel when it is enabled: it needs
-# no per-block bookkeeping ops, which dominate when there are few rows (one request's decode over
-# 512 keys: 0.08 ms per layer against 0.35 ms for the block-wise path on 2 Zen 4 cores); with many
-# rows its padding to the longest table costs more than it saves.
+# no per-block bookkeeping ops, which dominate when there are few rows (figures: benchmarks/RESULTS.md,
+# "Figures behind code choices"); with many rows its padding to the longest table costs more than it
+# saves.
 DENSE_DECODE_MAX_REQS = 8
 
 _COMMON_FIELDS = [f.name for f in fields(CommonAttentionMetadata)]

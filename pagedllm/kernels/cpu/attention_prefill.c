@@ -1,10 +1,10 @@
 /* Paged causal attention of prompt segments for CPUs with AVX512-BF16, built into one library with
  * the decode kernel (attention_decode.c, whose LayerArgs it takes).
  *
- * torch's CPU flash-attention kernel computes bfloat16 inputs in float32 and reaches ~50 GFLOP/s on
- * 2 Zen 4 cores, a sixth of what a bfloat16 GEMM reaches there; here the scores come from
- * `vdpbf16ps` (bfloat16 pairs multiplied exactly, summed in float) and the value sums from float
- * FMAs. Keys and values are read straight from the paged cache (the step's keys are stored first),
+ * torch's CPU flash-attention kernel computes bfloat16 inputs in float32, far below what a bfloat16
+ * GEMM reaches on the same cores (benchmarks/RESULTS.md, "Figures behind code choices"); here the
+ * scores come from `vdpbf16ps` (bfloat16 pairs multiplied exactly, summed in float) and the value
+ * sums from float FMAs. Keys and values are read straight from the paged cache (the step's keys are stored first),
  * so a chunk with a cached prefix needs no gathered copy either.
  *
  * Work item = (segment, kv head, tile of query rows): the tile's rows times the group's query heads

@@ -237,13 +237,13 @@ INLINE void dot_blocks(int t, int mr, const uint8_t *row, int64_t k, const int8_
  * accumulators are independent chains (one row at a time waits on its one FMA chain). */
 #define WROWS 4
 /* Bytes ahead of each row's block that are prefetched: the WROWS rows are as many streams per thread,
- * more than the hardware prefetcher follows well (measured on a 2-core Zen 3, weights streamed from
- * DRAM: Q8_0 0.63x the one-row loop without it, 1.2x with it; Q4_0/Q4_1 1.5-1.6x either way). */
+ * more than the hardware prefetcher follows well (figures: benchmarks/RESULTS.md, "Figures behind code
+ * choices"). */
 #define PREFETCH_AHEAD 1024
 /* The byte offset from a row's start to prefetch while block b is read: PREFETCH_AHEAD further along
  * the row, and past its end the same place in the next unit's row (this thread's next rows; a plain
  * offset would land in the unit's own next row, already being read, and prefetch nothing ahead:
- * rows of 1536 Q4_1 elements, 960 bytes, ran at 0.6x the rate of shorter rows). */
+ * long rows then ran well below the rate of shorter ones). */
 INLINE int64_t ahead_offset(int t, int64_t b, int64_t rb) {
     int64_t ahead = (block_elems(t) == 32 ? b : b / 8) * block_bytes(t) + PREFETCH_AHEAD;
     return ahead + (ahead >= rb ? (WROWS - 1) * rb : 0);

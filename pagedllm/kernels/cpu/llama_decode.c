@@ -10,7 +10,7 @@
  * Here a layer is four products (one parallel loop each, every weight row read start to end so each
  * thread streams one contiguous range) and a few vector operations between them. The embedding row
  * and the final norm are here too: after the weights streamed through every cache, the dozen tensor
- * ops they took in Python cost ~0.5 ms of cache misses a step. One token's products are
+ * ops they took in Python cost cache misses every step. One token's products are
  * matrix-vector products; several tokens' are skinny_gemm.c's few-row products (each weight row
  * loaded once for every token), the kernel the graphs call for those shapes, so a token's result is
  * the same here as there.
@@ -204,7 +204,7 @@ INLINE void rotate(void *x, int64_t heads, int64_t d, const float *cos_sin, cons
 }
 
 /* gate_up [2 * n] -> out [n]: silu(gate) * up, silu's result rounded to the element type first.
- * 16 at a time: libm's scalar expf took ~12 us of a layer. The sigmoid takes e^-|g| (<= 1, the
+ * 16 at a time: libm's scalar expf was a visible part of a layer. The sigmoid takes e^-|g| (<= 1, the
  * kernel's vector exponential) as 1 / (1 + e) for g >= 0 and e / (1 + e) below. */
 INLINE void silu_and_mul(const void *gate_up, void *out, int64_t n, const int bf16) {
     for (int64_t i = 0; i < n; i += LANES) {

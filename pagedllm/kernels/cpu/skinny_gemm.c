@@ -3,8 +3,8 @@
  *
  * With 1 to 8 rows a product is bound by reading W. The BLAS GEMM the framework calls for 2 or more
  * rows packs W first (an extra write and read of the whole matrix) or runs one matrix-vector product
- * per row: on a 2-core AVX2 machine the [k+1, 576] x [576, 49152] LM-head product took 19-29 ms for
- * 2-8 rows against 8 ms for one row, which makes verifying drafted tokens cost 2-3 decode steps.
+ * per row, so verifying drafted tokens cost several decode steps (figures: benchmarks/RESULTS.md,
+ * "Figures behind code choices").
  * Here each weight row is loaded once and multiplied into every input row while it sits in
  * registers (the inputs, converted to float once, stay in L1).
  *

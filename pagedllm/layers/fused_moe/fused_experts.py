@@ -6,10 +6,9 @@ read once per step whatever the number of tokens routed to it (a per-token loop 
 per token). Experts no token chose are skipped. The weighted outputs are summed back per token in
 float32.
 
-Measured on this 2-core AVX2 CPU (shared with other work; 128 experts, hidden 256, expert width 128,
-top-8, float32; the gate/up GEMMs alone): this loop takes 0.18 / 8.0 / 9.7 ms for 1 / 64 / 256
-tokens, `torch._grouped_mm` (which only recent torch builds have on the CPU) 0.36 / 6.5 / 8.9 ms.
-Neither wins by enough to keep two paths, so the portable loop is the one path. There is no native
+Against `torch._grouped_mm` (which only recent torch builds have on the CPU) neither wins by enough to
+keep two paths (figures: benchmarks/RESULTS.md, "Figures behind code choices"), so the portable loop
+is the one path. There is no native
 kernel yet: with a few rows per expert the GEMMs run far below the CPU's peak (per-call overhead), so
 one that walks the grouped rows of every expert in a single call may pay; it has not been measured.
 

@@ -40,11 +40,9 @@ from pagedllm.layers.quant.tiles import tiled_product
 from pagedllm.quant_interface import QuantizationConfig
 
 # Activation rows up to which the int8 kernel beats dequantized tiles + GEMM, per ggml type (a layer
-# of several types takes the smallest). benchmarks/quant_linear.py, 3072 x 768, one thread, this 2-core
-# AVX2 machine (kernel vs tiles, ms): Q4_1 8 rows 1.01 vs 1.40, 12 rows 1.47 vs 1.44, 16 rows 1.95 vs
-# 1.79; Q4_0 12 rows 1.48 vs 1.55, 16 rows 1.99 vs 1.85; Q8_0 16 rows 1.49 vs 1.66, 32 rows 3.09 vs 2.55;
-# Q2_K 12 rows 2.16 vs 2.38; the other K-quants and Q5_x cross between 8 and 12 rows. Ties go to the
-# kernel, which reads the weight once where a real model's float tiles do not stay cached.
+# of several types takes the smallest), from benchmarks/quant_linear.py (figures: benchmarks/RESULTS.md,
+# "Figures behind code choices"). Ties go to the kernel, which reads the weight once where a real
+# model's float tiles do not stay cached.
 INT8_MAX_ROWS = 8
 _INT8_MAX_ROWS_BY_TYPE = {GGMLQuantizationType.Q4_0: 12, GGMLQuantizationType.Q8_0: 16, GGMLQuantizationType.Q2_K: 12}
 

@@ -44,9 +44,8 @@ from pagedllm.layers.quant.int4_native import Int4Weight
 from pagedllm.layers.quant.tiles import tiled_product
 from pagedllm.quant_interface import CheckpointTensors, QuantizationConfig
 
-# Activation rows up to which the native kernel beats dequantized tiles + GEMM (benchmarks/
-# quant_linear.py: 3072 x 768, group 64, this 2-core AVX2 machine, one thread: at 8 rows kernel 1.42 ms
-# vs tiles 1.40, at 12 rows 2.15 vs 1.75; one row 0.26 vs 0.77 ms; tiles of TILE_BYTES, written in place).
+# Activation rows up to which the native kernel beats dequantized tiles + GEMM (benchmarks/quant_linear.py;
+# figures: benchmarks/RESULTS.md, "Figures behind code choices").
 MATMUL_MAX_ROWS = 8
 
 
