@@ -82,8 +82,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     server.add_argument(
         "--tool-call-parser",
         default=None,
-        help="How the model writes tool calls: hermes, llama3_json, mistral, pythonic, or a name a "
-        "--tool-parser-plugin registers.",
+        help="How the model writes tool calls: hermes, qwen3_coder (qwen3_xml), llama3_json, mistral, "
+        "granite, jamba, internlm, deepseek_v3 (deepseek_v31), pythonic, openai (gpt-oss harmony), or a "
+        "name a --tool-parser-plugin registers.",
     )
     server.add_argument(
         "--tool-parser-plugin",

@@ -13,6 +13,7 @@ from pagedllm.entrypoints.openai.tool_parsers.jamba_tool_parser import JambaTool
 from pagedllm.entrypoints.openai.tool_parsers.json_calls import ParsedText, ToolCallPrefix
 from pagedllm.entrypoints.openai.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from pagedllm.entrypoints.openai.tool_parsers.mistral_tool_parser import MistralToolParser
+from pagedllm.entrypoints.openai.tool_parsers.openai_tool_parser import OpenAIToolParser
 from pagedllm.entrypoints.openai.tool_parsers.pythonic_tool_parser import PythonicToolParser
 from pagedllm.entrypoints.openai.tool_parsers.qwen3coder_tool_parser import Qwen3CoderToolParser
 
@@ -25,6 +26,7 @@ __all__ = [
     "JambaToolParser",
     "Llama3JsonToolParser",
     "MistralToolParser",
+    "OpenAIToolParser",
     "ParsedText",
     "PythonicToolParser",
     "Qwen3CoderToolParser",

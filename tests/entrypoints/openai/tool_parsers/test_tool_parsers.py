@@ -194,6 +194,46 @@ CASES: list[tuple[str, str, str | None, list[tuple[str, dict[str, Any]]]]] = [
         None,
         [("get_weather", WEATHER), ("get_time", {})],
     ),
+    # openai (harmony, gpt-oss): the analysis channel is reasoning, a message to functions.NAME a call,
+    # the final channel the content; the stop token <|call|> / <|return|> may be cut from the text.
+    (
+        "openai",
+        "<|channel|>analysis<|message|>User wants the weather in Paris. Use get_weather.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        + json.dumps(WEATHER)
+        + "<|call|>",
+        None,
+        [("get_weather", WEATHER)],
+    ),
+    (
+        "openai",
+        "<|channel|>analysis<|message|>Need the time.<|end|>"
+        "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}",
+        None,
+        [("get_time", {})],
+    ),
+    (
+        "openai",
+        '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}<|call|>'
+        "<|start|>assistant<|channel|>commentary to=functions.g <|constrain|>json<|message|>{}<|call|>",
+        None,
+        [("f", {"a": 1}), ("g", {})],
+    ),
+    (
+        "openai",
+        "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "It is sunny in Paris.<|return|>",
+        "It is sunny in Paris.",
+        [],
+    ),
+    ("openai", "<|channel|>final<|message|>Hi <|en", "Hi <|en", []),
+    ("openai", "Plain answer, no header.", "Plain answer, no header.", []),
+    (
+        "openai",
+        '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": }<|call|>',
+        '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": }<|call|>',
+        [],
+    ),
     ("pythonic", "[1, 2, 3] are numbers", "[1, 2, 3] are numbers", []),
     ("pythonic", "Plain (answer).", "Plain (answer).", []),
 ]
@@ -289,6 +329,11 @@ def test_special_markers_keep_special_tokens() -> None:
 
     assert ToolParserManager.get_tool_parser("mistral")(Tokenizer()).keeps_special_tokens()
     assert not ToolParserManager.get_tool_parser("hermes")(Tokenizer()).keeps_special_tokens()
+
+    class HarmonyTokenizer:
+        all_special_tokens = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
+
+    assert ToolParserManager.get_tool_parser("openai")(HarmonyTokenizer()).keeps_special_tokens()
 
 
 def test_unknown_parser_names_the_flag_and_the_choices() -> None:
