@@ -1,5 +1,6 @@
-"""The KV cache's shape and block budgeting, shared by the engine core (how many blocks a budget
-holds), the worker (which allocates them) and the KV connectors (which move them).
+"""The KV cache's shape, block budgeting and allocation, shared by the engine core (how many blocks a
+budget holds), the worker and the draft models of speculative decoding (which allocate them) and the
+KV connectors (which move them).
 
 A `KVCacheSpec` says what one block holds in every attention layer; the worker measures the byte
 budget (`pagedllm.worker.kv_cache`), the engine core turns it into a block count here.
@@ -7,6 +8,8 @@ budget (`pagedllm.worker.kv_cache`), the engine core turns it into a block count
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -50,3 +53,17 @@ def check_num_blocks(num_blocks: int, block_size: int, max_model_len: int, bytes
             f"needs {needed} blocks ({needed * bytes_per_block / 2**20:.1f} MiB); raise kv_cache_memory_bytes "
             "(CPU) / gpu_memory_utilization (CUDA) or num_gpu_blocks_override, or lower max_model_len"
         )
+
+
+def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero tensor. On CPU it lives in anonymous mmap'd memory, which the OS hands out zeroed page by
+    page on first touch: the cache costs RAM only for the blocks actually used, instead of `torch.zeros`
+    writing (and so committing) the whole budget at start-up."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    # torch.frombuffer keeps a reference to the mmap, so it lives as long as the tensor.
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)

@@ -10,7 +10,7 @@ from pagedllm import LLM
 
 def record_proposals(llm: LLM) -> list[tuple[list[int], list[int]]]:
     """A list that fills with `(the request's tokens, its drafts)` for every proposal from now on."""
-    drafter = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec.model_drafter
+    drafter = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec.proposer
     proposals: list[tuple[list[int], list[int]]] = []
     original = drafter.propose
 

@@ -24,8 +24,8 @@ SpeculativeMethod = Literal[
     "extract_hidden_states",
 ]
 
-# The methods with a drafter: the token-based ones in `pagedllm.spec_decode` (make_proposer), the
-# model-based ones in the worker (draft_model, eagle); config/support.py rejects the others.
+# The methods with a drafter (`pagedllm.spec_decode.proposers.PROPOSERS`); config/support.py rejects
+# the others.
 IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3")
 
 # Methods whose drafter reads the target's hidden states (EAGLE family; MTP aliases normalize to "mtp").

@@ -23,23 +23,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
+from pagedllm.sample.row_tokens import TokenRows
+
 if TYPE_CHECKING:
     from pagedllm.config.features import WatermarkConfig
-
-
-class TokenRows(Protocol):
-    """What the watermark reads of the runner's persistent batch (`pagedllm.worker.input_batch`): each
-    row's tokens so far, their count and the prompt's."""
-
-    token_ids: np.ndarray
-    num_tokens: np.ndarray
-    num_prompt_tokens: np.ndarray
 
 
 # Tokens of context hashed with the key (the spec's WatermarkConfig has no field for them): 4 for the

@@ -1,5 +1,6 @@
-"""Per-request draft lengths from each request's acceptance history: draft only what pays for its
-verification.
+"""How many tokens to draft: per batch size (`DraftLength`, the schedule and the compute-bound
+off-switch), and per request from its acceptance history (`DraftControl`): draft only what pays for
+its verification.
 
 Each request keeps ``a``, an estimate of the probability that a draft is accepted given the drafts
 before it were: discounted counts (weight ``DECAY`` per observation) of accepted drafts over tried
@@ -22,8 +23,38 @@ for shadows: they draft ``max(1, round(k * a))`` tokens, fewer where drafts keep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+# The off-switch: a verification step runs at most this many target tokens (requests x (1 + drafts)).
+# Up to it a CPU forward of the decode batch costs about the same per step whatever its token count
+# (streaming the weights dominates); beyond it the step is compute-bound and every rejected draft is
+# paid in full, so the draft length shrinks to fit and drafting stops when not even one draft fits.
+# Measured with `bench latency` on SmolLM2-135M Q4_1, 2 cores (benchmarks/RESULTS.md, speculative).
+SPEC_MAX_STEP_TOKENS = 32
+
+
+class DraftLength:
+    """Tokens to draft per request for a batch of n requests: the configured length (or the
+    `num_speculative_tokens_per_batch_size` schedule's), capped so the step stays within
+    `max_step_tokens` target tokens."""
+
+    def __init__(self, spec_config: Any, max_num_reqs: int, max_step_tokens: int = SPEC_MAX_STEP_TOKENS) -> None:
+        self.k: int = spec_config.num_speculative_tokens
+        self.schedule = (
+            spec_config.dense_draft_lengths(max_num_reqs)
+            if spec_config.uses_dynamic_speculative_decoding()
+            else None
+        )
+        self.max_step_tokens = max_step_tokens
+
+    def __call__(self, num_reqs: int) -> int:
+        if num_reqs <= 0:
+            return 0
+        k = self.k if self.schedule is None else self.schedule[min(num_reqs, len(self.schedule) - 1)]
+        return max(0, min(k, self.max_step_tokens // num_reqs - 1))
+
 
 # The verification cost model, in plain decode steps: a step that verifies n drafts costs
 # 1 + VERIFY_BASE + VERIFY_PER_DRAFT * n. Measured on the 2-core AVX2 EPYC, SmolLM2-135M float32

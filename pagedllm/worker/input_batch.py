@@ -11,9 +11,6 @@ indexing over the flattened batch instead of walking Python lists per token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import overload
-
 import numpy as np
 
 from pagedllm.core.sched_output import NewRequestData
@@ -117,31 +114,3 @@ class InputBatch:
     def prompt_token_ids(self, row: int) -> np.ndarray:
         return self.token_ids[row, : self.num_prompt_tokens[row]]
 
-
-class RowTokens(Sequence[np.ndarray]):
-    """The prompt (or output) token ids of some batch rows, as views made on access: the sampling
-    metadata builder only touches them for penalties, bad words and min_tokens, so a plain batch pays
-    nothing for building them."""
-
-    def __init__(self, batch: InputBatch, rows: list[int], output: bool) -> None:
-        self._batch = batch
-        self._rows = rows
-        self._output = output
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @overload
-    def __getitem__(self, i: int) -> np.ndarray: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
-    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return self._tokens(i)
-
-    def _tokens(self, i: int) -> np.ndarray:
-        row = self._rows[i]
-        if self._output:
-            return self._batch.output_token_ids(row)
-        return self._batch.prompt_token_ids(row)

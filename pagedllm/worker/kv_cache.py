@@ -1,14 +1,12 @@
 """The worker's side of the KV cache: the byte budget the platform allows, and the cache tensors.
 
 The engine core turns the budget into a block count (`pagedllm.kv_cache_interface`); the runner then
-allocates that many blocks per layer.
+allocates that many blocks per layer (`kv_cache_interface.allocate_zeroed`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 from collections.abc import Callable
 
 import torch
@@ -73,20 +71,6 @@ def profile_cuda_kv_cache_budget(
             "max_num_batched_tokens / max_model_len"
         )
     return budget
-
-
-def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero tensor. On CPU it lives in anonymous mmap'd memory, which the OS hands out zeroed page by
-    page on first touch: the cache costs RAM only for the blocks actually used, instead of `torch.zeros`
-    writing (and so committing) the whole budget at start-up."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    numel = math.prod(shape)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes == 0:
-        return torch.zeros(shape, dtype=dtype)
-    # torch.frombuffer keeps a reference to the mmap, so it lives as long as the tensor.
-    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype, count=numel).view(shape)
 
 
 def resolve_cache_dtype(cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -41,15 +41,18 @@ from pagedllm.forward_context import set_forward_context
 from pagedllm.layers.sampler import Sampler
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.metrics.tracing import step_span
-from pagedllm.models import get_model
+from pagedllm.models import drafters, get_model
 from pagedllm.platforms import current_platform
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
+from pagedllm.sample.row_tokens import RowTokens
 from pagedllm.sample.watermark import Watermarker
+from pagedllm.spec_decode.proposer import DrafterLoaders
+from pagedllm.spec_decode.runner import SpecDecodeRunner, logits_row_req_ids, logits_rows, write_draft_tokens
 from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.distributed_sampling import sample_on_output_rank
-from pagedllm.worker.input_batch import InputBatch, RowTokens
+from pagedllm.worker.input_batch import InputBatch
 from pagedllm.worker.kv_cache import (
     resolve_cache_dtype,
 )
@@ -57,7 +60,6 @@ from pagedllm.worker.pipeline import PipelineStageForward
 from pagedllm.worker.pooling import PoolingRunner
 from pagedllm.worker.prompt_logprobs import PromptLogprobs
 from pagedllm.worker.runner_startup import RunnerStartup
-from pagedllm.worker.spec_decode import SpecDecodeRunner, logits_rows, write_draft_tokens
 from pagedllm.worker.staged_buffer import StagedBuffer
 
 logger = logging.getLogger("pagedllm.worker")
@@ -121,7 +123,16 @@ class ModelRunner(RunnerStartup):
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_logprobs = PromptLogprobs(self.device)
         spec = engine_config.speculative_config
-        self.spec = None if spec is None else SpecDecodeRunner(engine_config, self.max_num_reqs, self.max_model_len)
+        self.spec = (
+            None
+            if spec is None
+            else SpecDecodeRunner(
+                engine_config,
+                self.max_num_reqs,
+                self.max_model_len,
+                DrafterLoaders(draft_model=drafters.load_draft_model, eagle_head=drafters.load_eagle_head),
+            )
+        )
         self.model: nn.Module | None = None
         # Set for a pooling model: it pools each finished prompt instead of sampling.
         self.pooling: PoolingRunner | None = None
@@ -384,7 +395,7 @@ class ModelRunner(RunnerStartup):
     @torch.inference_mode()
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
         """Sample the step `execute_model` ran; requests verifying drafts emit their accepted drafts
-        and one token of the target's (`worker/spec_decode.py`). ``grammar_output`` (None when no request
+        and one token of the target's (`spec_decode/runner.py`). ``grammar_output`` (None when no request
         is constrained) masks the tokens each constrained request's grammar forbids."""
         state, self.execute_state = self.execute_state, None
         if state is None:
@@ -454,6 +465,9 @@ class ModelRunner(RunnerStartup):
         assert self.spec is not None and state.logits is not None and state.drafts is not None
         inputs = state.inputs
         req_ids = [inputs.req_ids[i] for i in inputs.sample_idx.tolist()]
+        if grammar_output is not None:
+            # Constrained requests draft nothing (the scheduler drops their drafts): one row each.
+            apply_grammar_bitmask(state.logits, grammar_output, logits_row_req_ids(req_ids, state.cu_num_logits))
         return self.spec.sample(
             self.sampler,
             state.logits,
@@ -463,7 +477,6 @@ class ModelRunner(RunnerStartup):
             state.drafts,
             self.input_batch,
             self.generators,
-            grammar_output,
             self.vocab_size,
         )
 

@@ -20,16 +20,15 @@ from pagedllm.attention.encoder import EncoderOnlyMetadataBuilder
 from pagedllm.distributed.kv_transfer import KVConnectorBase, KVConnectorRole, create_connector
 from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.forward_context import set_forward_context
-from pagedllm.kv_cache_interface import KVCacheSpec
+from pagedllm.kv_cache_interface import KVCacheSpec, allocate_zeroed
 from pagedllm.lora.manager import LoRAManager
+from pagedllm.spec_decode.runner import SpecDecodeRunner
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.kv_cache import (
-    allocate_zeroed,
     cpu_kv_cache_budget,
     profile_cuda_kv_cache_budget,
 )
 from pagedllm.worker.pooling import PoolingRunner
-from pagedllm.worker.spec_decode import SpecDecodeRunner
 
 logger = logging.getLogger("pagedllm.worker")
 

@@ -9,15 +9,11 @@ from pathlib import Path
 import pagedllm
 
 PACKAGE = Path(pagedllm.__file__).parent
-# Still `Any`: the model runner and its speculative-decoding parts (issue 39 §6, pending their split).
+# Still `Any`: the model runner's files (issue 39 §6, pending their split).
 NOT_YET_TYPED = {
     "worker/model_runner.py",
     "worker/runner_startup.py",
     "worker/compiled_forward.py",
-    "worker/spec_decode.py",
-    "worker/eagle.py",
-    "worker/draft_model.py",
-    "worker/model_drafter.py",
 }
 
 

@@ -430,9 +430,12 @@ def test_data_parallel_rank_checked(fields: dict, message: str) -> None:
 def test_the_gates_name_lists_match_what_is_implemented() -> None:
     # config/ names what the packages above it implement (it may not import them): the lists must agree.
     from pagedllm.config.kv_transfer import KV_CONNECTORS
+    from pagedllm.config.speculative import IMPLEMENTED_METHODS
     from pagedllm.config.support import MOE_ARCHITECTURES
     from pagedllm.distributed.kv_transfer import registered_connectors
     from pagedllm.models.registry import supported_architectures
+    from pagedllm.spec_decode.proposers import PROPOSERS
 
     assert sorted(KV_CONNECTORS) == sorted(registered_connectors())
     assert MOE_ARCHITECTURES <= set(supported_architectures())
+    assert sorted(IMPLEMENTED_METHODS) == sorted(PROPOSERS)

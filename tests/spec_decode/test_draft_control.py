@@ -1,17 +1,20 @@
-"""The per-request draft-length rule (pagedllm.spec_decode.draft_control) on scripted token histories:
-the cost model's choice, determinism, the back-off on rejected (chat-like) drafts and the resumption
-through shadow drafts once the output copies."""
+"""The draft lengths (pagedllm.spec_decode.draft_control): the per-batch-size schedule and off-switch,
+and the per-request rule on scripted token histories: the cost model's choice, determinism, the
+back-off on rejected (chat-like) drafts and the resumption through shadow drafts once the output
+copies."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from pagedllm.config import SpeculativeConfig
 from pagedllm.spec_decode.draft_control import (
     DECAY,
     VERIFY_BASE,
     VERIFY_PER_DRAFT,
     DraftControl,
+    DraftLength,
     best_length,
     expected_gain,
 )
@@ -93,3 +96,12 @@ def test_pending_drafts_scored_once_decided() -> None:
     assert (h.accepted, h.tried) == (DECAY + 2, DECAY + 3)
     control.forget("r")
     assert "r" not in control.requests
+
+
+def test_draft_length_schedule_and_off_switch() -> None:
+    spec = SpeculativeConfig(method="ngram", num_speculative_tokens=4, num_speculative_tokens_per_batch_size={2: 4, 8: 2})
+    length = DraftLength(spec, max_num_reqs=8, max_step_tokens=20)
+    assert [length(n) for n in (1, 2, 3, 4, 8)] == [4, 4, 2, 2, 1]
+    plain = DraftLength(SpeculativeConfig(method="ngram", num_speculative_tokens=4), 64, max_step_tokens=20)
+    # Shrinks to fit 20 target tokens, and stops at 10 requests (1 + 1 draft each fills the step).
+    assert [plain(n) for n in (1, 4, 5, 9, 10, 11, 64)] == [4, 4, 3, 1, 1, 0, 0]

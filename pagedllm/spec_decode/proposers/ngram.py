@@ -13,16 +13,18 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from pagedllm.spec_decode.proposers.token_proposer import TokenProposer
 
-class NgramProposer:
+
+class NgramProposer(TokenProposer):
     def __init__(self, min_n: int, max_n: int) -> None:
+        super().__init__()
         if not 1 <= min_n <= max_n:
             raise ValueError(f"prompt_lookup_min={min_n} must be in 1..prompt_lookup_max={max_n}")
         self.min_n = min_n
         self.max_n = max_n
 
-    def propose(self, req_id: str, token_ids: np.ndarray, k: int) -> list[int]:
-        """Up to ``k`` drafts for the sequence ``token_ids`` (prompt + output so far)."""
+    def draft(self, req_id: str, token_ids: np.ndarray, k: int) -> list[int]:
         n_min = self.min_n
         length = token_ids.size
         if k <= 0 or length <= n_min:
@@ -48,6 +50,3 @@ class NgramProposer:
         best = starts.size - 1 - int(np.argmax(match_len[::-1]))
         follow = int(starts[best]) + n_min
         return token_ids[follow : follow + k].tolist()
-
-    def forget(self, req_id: str, token_ids: np.ndarray | None) -> None:
-        """Nothing is kept per request."""

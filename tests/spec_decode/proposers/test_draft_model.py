@@ -207,7 +207,7 @@ def test_seeded_requests_reproduce(target_dir: Path, small_dir: Path) -> None:
 def test_sleep_releases_the_draft_cache_and_wakes_up(target_dir: Path, twin_dir: Path) -> None:
     llm = _llm(target_dir, twin_dir, enable_sleep_mode=True)
     want = _tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False))
-    drafter = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec.model_drafter
+    drafter = llm.llm_engine.engine_core.core.model_executor.driver_worker.runner.spec.proposer
     llm.sleep(level=1)
     assert drafter.kv_caches == []
     llm.wake_up()

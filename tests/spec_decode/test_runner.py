@@ -1,20 +1,30 @@
 """Speculative decoding through the offline stack on a tiny random Llama (float32, eager): greedy
 outputs and logprobs token-for-token identical to the engine without speculation for every method,
 with prefix caching on and off, forced preemption and several prefill chunk sizes; stop strings,
-n > 1 and seeds; the sampled output distribution matches the engine without speculation."""
+n > 1 and seeds; the sampled output distribution matches the engine without speculation. And the
+runner alone, driving a scripted `Proposer` (no model)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from distribution_check import same_distribution_pvalue
 from tiny_llm import make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
+from pagedllm.config import SpeculativeConfig
+from pagedllm.core.sched_output import NewRequestData
+from pagedllm.kv_cache_interface import KVCacheSpec
 from pagedllm.models.native import llama_decode
+from pagedllm.spec_decode.proposer import DraftRequest, TargetStep
+from pagedllm.spec_decode.proposers import PROPOSERS, make_proposer
+from pagedllm.spec_decode.runner import SpecDecodeRunner
+from pagedllm.worker.input_batch import InputBatch
 
 # Repetitive prompts: the tiny model's greedy output loops, so the drafters find matches.
 PROMPTS = [
@@ -189,3 +199,107 @@ def test_compiled_verification_runs_natively_and_matches_plain(model_dir: Path, 
     assert got == want
     # Every step of decode rows only (all but the prompts') ran natively, verifications among them.
     assert any(rows > 1 for rows, _ in served) and all(ok for _, ok in served), served
+
+
+class _ScriptedProposer:
+    """A `Proposer` that drafts `script[req_id]` and records every call: the runner must drive it
+    through the protocol alone (no method names, no concrete classes)."""
+
+    aux_hidden_layers: list[int] = []
+
+    def __init__(self, shadow_drafts: bool, script: dict[str, list[int]]) -> None:
+        self.shadow_drafts = shadow_drafts
+        self.script = script
+        self.draft_probs: dict[str, torch.Tensor] = {}
+        self.calls: list[tuple[str, Any]] = []
+
+    def load_model(self, target: Any) -> None:
+        self.calls.append(("load_model", target))
+
+    def kv_cache_spec(self, kv_cache_dtype: torch.dtype) -> KVCacheSpec | None:
+        return KVCacheSpec(block_size=16, num_kv_heads=[1], head_size=[8], dtype=kv_cache_dtype)
+
+    def initialize_kv_cache(self, num_blocks: int, kv_cache_dtype: torch.dtype) -> None:
+        self.calls.append(("initialize_kv_cache", num_blocks))
+
+    def release_kv_cache(self) -> int:
+        return 123
+
+    def observe(self, step: TargetStep) -> None:
+        self.calls.append(("observe", step))
+
+    def propose(self, batch: Any, requests: list[DraftRequest]) -> dict[str, list[int]]:
+        self.calls.append(("propose", [(r.req_id, r.num_drafts, r.num_verified) for r in requests]))
+        return {r.req_id: self.script[r.req_id][: r.num_drafts] for r in requests}
+
+    def forget(self, req_id: str, output_token_ids: np.ndarray | None) -> None:
+        self.calls.append(("forget", (req_id, None if output_token_ids is None else output_token_ids.tolist())))
+
+
+def _scripted_runner(
+    monkeypatch: pytest.MonkeyPatch, proposer: _ScriptedProposer, k: int = 3
+) -> tuple[SpecDecodeRunner, InputBatch]:
+    monkeypatch.setitem(PROPOSERS, "ngram", lambda cfg, loaders: proposer)
+    cfg = SimpleNamespace(speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=k))
+    runner = SpecDecodeRunner(cfg, max_num_reqs=4, max_model_len=64, loaders=None)  # type: ignore[arg-type]
+    batch = InputBatch(max_num_reqs=4, max_model_len=64, max_num_blocks_per_req=4)
+    for req_id, prompt in (("a", [1, 2, 3]), ("b", [4, 5])):
+        batch.add_request(NewRequestData(req_id, prompt, len(prompt), SamplingParams(max_tokens=20), [0], 0))
+    return runner, batch
+
+
+def _end_step(runner: SpecDecodeRunner, batch: InputBatch, req_ids: list[str]) -> None:
+    rows = np.asarray([batch.req_id_to_row[r] for r in req_ids])
+    qsl = np.arange(len(req_ids) + 1)
+    runner.end_step(req_ids, rows, qsl, np.arange(len(req_ids)), torch.zeros(len(req_ids), 8), [], batch)
+
+
+def test_runner_drives_a_proposer_through_the_protocol(monkeypatch: pytest.MonkeyPatch) -> None:
+    proposer = _ScriptedProposer(shadow_drafts=False, script={"a": [7, 8, 9], "b": [6, 6, 6]})
+    runner, batch = _scripted_runner(monkeypatch, proposer)
+    runner.load_model("target")  # type: ignore[arg-type]
+    assert proposer.calls.pop() == ("load_model", "target")
+    # The target's share of the cache budget comes from the proposer's block (2 x 16 x 8 x 4 bytes).
+    assert runner.kv_cache_share(1024, torch.float32) == pytest.approx(1024 / (1024 + 1024))
+    assert runner.release_kv_cache() == 123
+    _end_step(runner, batch, ["a", "b"])
+    kind, step = proposer.calls.pop()
+    assert kind == "observe" and step.req_ids == ["a", "b"] and step.hidden.shape == (2, 8)
+    # A model drafter (no shadows) drafts at least one token per request while the batch allows any.
+    drafts = runner.propose(batch, {})
+    assert proposer.calls.pop() == ("propose", [("a", 3, 3), ("b", 3, 3)])
+    assert drafts == {"a": [7, 8, 9], "b": [6, 6, 6]}
+    # Drafting switched off (a batch too large for one draft each): the proposer is still called, with
+    # no requests, after observing the step (an EAGLE head must read every step's hidden states).
+    runner.draft_length.max_step_tokens = 2
+    _end_step(runner, batch, ["a", "b"])
+    assert runner.propose(batch, {}) == {}
+    assert [c[0] for c in proposer.calls[-2:]] == ["observe", "propose"] and proposer.calls[-1][1] == []
+    # A finished request hands its output over; a preempted one hands nothing (it resumes elsewhere).
+    batch.append_sampled_tokens(np.asarray([batch.req_id_to_row["a"]]), np.asarray([42]))
+    runner.forget(batch, "a")
+    runner.preempted("b")
+    assert proposer.calls[-2:] == [("forget", ("a", [42])), ("forget", ("b", None))]
+
+
+def test_runner_verifies_only_the_drafts_that_pay_and_scores_shadows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token drafter is asked for a full shadow draft while a request verifies nothing; the runner
+    returns only the verified ones."""
+    proposer = _ScriptedProposer(shadow_drafts=True, script={"a": [7, 8, 9], "b": [6, 6, 6]})
+    runner, batch = _scripted_runner(monkeypatch, proposer)
+    # "b"'s drafts were all rejected, over and over: it verifies none, drafts shadows of k.
+    for _ in range(8):
+        runner.control.record("b", [6, 6, 6], 2)
+        runner.control.requests["b"].observe(0, 3)
+        runner.control.requests["b"].pending = None
+    _end_step(runner, batch, ["a", "b"])
+    drafts = runner.propose(batch, {})
+    assert proposer.calls[-1] == ("propose", [("a", 3, 3), ("b", 3, 0)])
+    assert drafts == {"a": [7, 8, 9]}
+    assert runner.control.requests["b"].pending == [6, 6, 6]
+
+
+def test_unknown_method_names_the_drafters() -> None:
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(method="medusa"))
+    with pytest.raises(ValueError, match="method='medusa' has no drafter.*ngram"):
+        make_proposer(cfg, None)  # type: ignore[arg-type]

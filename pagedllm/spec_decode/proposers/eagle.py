@@ -1,12 +1,12 @@
 """EAGLE speculative decoding (``speculative_config.method`` "eagle" and "eagle3"): a one-layer draft
 head fed the target's hidden states proposes k tokens; the target verifies them in its next forward
-(`worker/spec_decode.py`). An EAGLE-1 head (`models/llama_eagle.py`) reads the target's final hidden
+(`spec_decode/runner.py`). An EAGLE-1 head (`models/llama_eagle.py`) reads the target's final hidden
 states and drafts through the target's LM head; an EAGLE-3 head (`models/llama_eagle3.py`) reads the
 residual streams entering three target layers (which the target's forward returns beside its final
 hidden states once told which: `SupportsEagle3`, so a compiled forward outputs them too) and has its
 own small-vocabulary LM head.
 
-The head keeps a paged KV cache in the target's blocks (`worker/model_drafter.py`). Its entry at
+The head keeps a paged KV cache in the target's blocks (`proposers/model_drafter.py`). Its entry at
 position i is computed from token i + 1 and the target's hidden state at i, which exist only in the
 step where the target computed position i: so after EVERY step (drafting or not, mid-prefill chunks
 included) the head runs each scheduled request's positions whose next token is now known (a prefill
@@ -23,105 +23,38 @@ there - never wrongly, the target verifies every draft.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from pagedllm.layers.rotary import RotaryEmbedding
-from pagedllm.models.interfaces import SupportsEagle3
-from pagedllm.models.llama_eagle import EagleHead, EagleLlamaDraft
-from pagedllm.models.llama_eagle3 import Eagle3LlamaDraft, aux_layer_ids
-from pagedllm.models.loader import ModelLoadError, default_dtype
-from pagedllm.models.loader.safetensors_loader import iterate_safetensors, read_header, safetensors_files
-from pagedllm.models.loader.weights import load_weights
-from pagedllm.worker.input_batch import InputBatch
-from pagedllm.worker.model_drafter import DraftRequest, ModelDrafter
-
-logger = logging.getLogger("pagedllm.worker")
-
-
-@dataclass
-class TargetStep:
-    """What the target's last step computed: its requests (batch order), their rows, cumulative query
-    lengths, tokens in the cache before the step, and the hidden state the head reads of every token
-    (EAGLE-3: the auxiliary streams side by side)."""
-
-    req_ids: list[str]
-    rows: np.ndarray
-    query_start_loc: np.ndarray
-    num_computed: np.ndarray
-    hidden: torch.Tensor
+from pagedllm.config import EngineConfig
+from pagedllm.spec_decode.proposer import DraftBatch, DraftRequest, EagleHeadLoad, TargetStep
+from pagedllm.spec_decode.proposers.model_drafter import ModelDrafter
 
 
 class EagleProposer(ModelDrafter):
-    def __init__(self, engine_config: Any) -> None:
+    def __init__(
+        self, engine_config: EngineConfig, load: Callable[[EngineConfig, nn.Module, torch.device, torch.dtype], EagleHeadLoad]
+    ) -> None:
         super().__init__(engine_config)
         # Draft logits in the target's vocabulary from the head's output.
         self.compute_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.step: TargetStep | None = None
-        # EAGLE-3: the target layers whose input streams its forward returns for the head.
-        self.aux_layers: list[int] = []
+        self._load = load
 
     def load_model(self, target: nn.Module) -> None:
-        """Load the head from its checkpoint; it shares the target's LM head (and its embedding when
-        the checkpoint has none)."""
-        # Imported here: pagedllm.config imports the worker's siblings through the model registry.
-        from pagedllm.config import ModelConfig
-
-        cfg = self.engine_config
-        spec = cfg.speculative_config
-        head_config = ModelConfig(model=spec.model, dtype=self.dtype, skip_tokenizer_init=True)
-        spec.draft_model_config = head_config
-        spec.target_model_config = cfg.model_config
-        hf = head_config.hf_config
-        if hf.hidden_size != cfg.model_config.get_hidden_size():
-            raise ModelLoadError(
-                f"EAGLE head {spec.model} has hidden size {hf.hidden_size}, the target "
-                f"{cfg.model_config.get_hidden_size()}: it was trained for another model"
-            )
-        files = safetensors_files(head_config.model_path)
-        names = {name for path in files for name in read_header(path)[0]}
-        own_embedding = "embed_tokens.weight" in names
-        head: EagleHead
-        with torch.device(self.device), default_dtype(self.dtype):
-            if spec.method == "eagle3":
-                head = Eagle3LlamaDraft(hf, own_embedding)
-            else:
-                head = EagleLlamaDraft(hf, fc_bias="fc.bias" in names, own_embedding=own_embedding)
-        head.to(device=self.device)
-        for module in head.modules():
-            if isinstance(module, RotaryEmbedding):
-                module.cover_positions(cfg.model_config.max_model_len)
-        with torch.no_grad():
-            load_weights(head, iterate_safetensors(files))
-        head.share_embedding(target.get_submodule("model.embed_tokens"))
-        self.model = head.eval()
-        if isinstance(head, Eagle3LlamaDraft):
-            self.compute_logits = head.compute_logits
-            self._request_aux_hidden(target, aux_layer_ids(hf, cfg.model_config.get_total_num_layers()))
-        else:
-            self.compute_logits = target.compute_logits
-        logger.info("loaded %s head %s (%d layers)", spec.method, spec.model, hf.num_hidden_layers)
-
-    def _request_aux_hidden(self, target: nn.Module, layer_ids: list[int]) -> None:
-        if not isinstance(target, SupportsEagle3):
-            raise ModelLoadError(f"{type(target).__name__} cannot return the hidden states an EAGLE-3 head reads")
-        try:
-            target.set_aux_hidden_state_layers(layer_ids)
-        except ValueError as e:
-            raise ModelLoadError(f"EAGLE-3 head {self.engine_config.speculative_config.model}: {e}") from e
-        self.aux_layers = layer_ids
+        """The head (its loader tells the target which hidden states to return for it)."""
+        self.model, self.compute_logits, self.aux_hidden_layers = self._load(
+            self.engine_config, target, self.device, self.dtype
+        )
 
     def observe(self, step: TargetStep) -> None:
         self.step = step
 
     @torch.inference_mode()
-    def propose(self, batch: InputBatch, requests: list[DraftRequest]) -> dict[str, list[int]]:
+    def propose(self, batch: DraftBatch, requests: list[DraftRequest]) -> dict[str, list[int]]:
         step, self.step = self.step, None
         self.draft_probs = {}
         if step is None:
@@ -162,7 +95,7 @@ class EagleProposer(ModelDrafter):
 
     @staticmethod
     def _catch_up_ranges(
-        batch: InputBatch, step: TargetStep
+        batch: DraftBatch, step: TargetStep
     ) -> tuple[list[int], list[int], list[int], torch.Tensor]:
         """Per request of the step: its row and the positions [start, end) the head runs now (those the
         target computed whose next token is known), and the rows of the target's hidden states."""

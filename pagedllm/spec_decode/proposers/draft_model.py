@@ -1,9 +1,10 @@
 """Draft-model speculative decoding (``speculative_config.method="draft_model"``): a smaller model with
 the target's tokenizer proposes k tokens autoregressively, and the target verifies them in its next
-forward (`worker/spec_decode.py`).
+forward (`spec_decode/runner.py`).
 
-The draft's KV cache is the target's blocks in tensors of its own (`worker/model_drafter.py`), filled
-lazily per request: `_DraftState.num_valid` leading positions hold the draft KV of the request's actual tokens. Each proposal first runs the positions from there to the
+The draft's KV cache is the target's blocks in tensors of its own (`proposers/model_drafter.py`), filled
+lazily per request: `_DraftState.num_valid` leading positions hold the draft KV of the request's
+actual tokens. Each proposal first runs the positions from there to the
 request's last token (the prompt the first time; after a verification, the accepted tokens and the
 target's own token) in one forward, whose last row gives the first draft, then one single-token
 forward per further draft. The KV written for a draft token stays valid exactly when the target
@@ -18,18 +19,16 @@ changes nothing here: there are no CUDA graphs to pad for).
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
-from pagedllm.models import load_model
-from pagedllm.worker.input_batch import InputBatch
-from pagedllm.worker.model_drafter import DraftRequest, ModelDrafter
-
-logger = logging.getLogger("pagedllm.worker")
+from pagedllm.config import EngineConfig
+from pagedllm.spec_decode.proposer import DraftBatch, DraftRequest
+from pagedllm.spec_decode.proposers.model_drafter import ModelDrafter
 
 
 @dataclass
@@ -41,47 +40,25 @@ class _DraftState:
 
 
 class DraftModelProposer(ModelDrafter):
-    def __init__(self, engine_config: Any) -> None:
+    def __init__(
+        self, engine_config: EngineConfig, load: Callable[[EngineConfig, torch.device, torch.dtype], nn.Module]
+    ) -> None:
         super().__init__(engine_config)
         self.states: dict[str, _DraftState] = {}
+        self._load = load
 
-    def load_model(self) -> None:
-        # Imported here: pagedllm.config imports the worker's siblings through the model registry.
-        from pagedllm.config import ModelConfig
-
-        cfg = self.engine_config
-        spec, target = cfg.speculative_config, cfg.model_config
-        draft_config = ModelConfig(model=spec.model, dtype=self.dtype, seed=target.seed, skip_tokenizer_init=True)
-        spec.draft_model_config = draft_config
-        spec.target_model_config = target
-        if draft_config.get_vocab_size() != self.vocab_size:
-            logger.warning(
-                "draft model vocabulary %d != target's %d: drafts use the first %d ids (same tokenizer?)",
-                draft_config.get_vocab_size(),
-                self.vocab_size,
-                min(self.vocab_size, draft_config.get_vocab_size()),
-            )
-        self.model = load_model(
-            draft_config.hf_config,
-            draft_config.model_path,
-            gguf_file=draft_config.gguf_file,
-            load_format=cfg.load_config.load_format,
-            dtype=self.dtype,
-            device=self.device,
-            seed=target.seed,
-            max_positions=target.max_model_len,
-        )
-        logger.info("loaded draft model %s (%s)", spec.model, draft_config.architecture)
+    def load_model(self, target: nn.Module) -> None:
+        self.model = self._load(self.engine_config, self.device, self.dtype)
 
     def reset(self) -> None:
         self.states.clear()
 
-    def forget(self, req_id: str) -> None:
-        super().forget(req_id)
+    def forget(self, req_id: str, output_token_ids: np.ndarray | None) -> None:
+        super().forget(req_id, output_token_ids)
         self.states.pop(req_id, None)
 
     @torch.inference_mode()
-    def propose(self, batch: InputBatch, requests: list[DraftRequest]) -> dict[str, list[int]]:
+    def propose(self, batch: DraftBatch, requests: list[DraftRequest]) -> dict[str, list[int]]:
         requests = [r for r in requests if r.num_drafts > 0]
         drafts: dict[str, list[int]] = {r.req_id: [] for r in requests}
         probs: dict[str, list[torch.Tensor]] = {r.req_id: [] for r in requests}
@@ -110,7 +87,7 @@ class DraftModelProposer(ModelDrafter):
         self.record_probs(probs)
         return drafts
 
-    def _resume_position(self, batch: InputBatch, request: DraftRequest) -> int:
+    def _resume_position(self, batch: DraftBatch, request: DraftRequest) -> int:
         """The first position whose draft KV is missing or stale (at most the last token's)."""
         n = int(batch.num_tokens[request.row])
         state = self.states.get(request.req_id)

@@ -25,6 +25,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from pagedllm.spec_decode.proposers.token_proposer import TokenProposer
+
 
 class _Node:
     """A substring: its number of occurrences, its continuations, their total count and the most
@@ -125,10 +127,11 @@ def _walk(node: _Node, max_tokens: int, min_prob: float) -> tuple[list[int], flo
     return drafts, score
 
 
-class SuffixProposer:
+class SuffixProposer(TokenProposer):
     def __init__(
         self, max_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float
     ) -> None:
+        super().__init__()
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
@@ -138,7 +141,7 @@ class SuffixProposer:
         # The outputs held in the global trie, oldest first (to remove them again).
         self.cached_outputs: OrderedDict[str, list[int]] = OrderedDict()
 
-    def propose(self, req_id: str, token_ids: np.ndarray, k: int) -> list[int]:
+    def draft(self, req_id: str, token_ids: np.ndarray, k: int) -> list[int]:
         trie = self.requests.get(req_id)
         if trie is None:
             trie = self.requests[req_id] = _RequestTrie(self.max_depth)
@@ -164,7 +167,8 @@ class SuffixProposer:
         return min(k, math.ceil(self.max_spec_factor * match_len))
 
     def forget(self, req_id: str, output_token_ids: np.ndarray | None) -> None:
-        """Drop a request's trie; a finished request's output joins the global trie."""
+        """Drop a request's trie (a preempted one is rebuilt from its tokens at its next draft); a
+        finished request's output joins the global trie."""
         self.requests.pop(req_id, None)
         if output_token_ids is None or self.max_cached_requests <= 0 or output_token_ids.size == 0:
             return

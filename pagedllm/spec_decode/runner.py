@@ -6,32 +6,28 @@ position (the attention backend runs a request's 1 + k tokens as decode rows), `
 the 1 + k logits rows of each verifying request, and `SpecDecodeRunner.sample` builds the sampling
 inputs of every row as if the drafts before it had been accepted (penalties, bad words and min_tokens
 see them in the output), verifies with the rejection sampler and records the emitted tokens. After
-the step, `propose` drafts the next tokens of the requests that sampled.
+the step, `propose` drafts the next tokens of the requests that sampled. The proposer is whichever
+`Proposer` the configured method names; the runner reads only what the protocol declares.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from pagedllm.config import EngineConfig
 from pagedllm.core.runner_output import LogprobsLists
-from pagedllm.core.sched_output import GrammarOutput
 from pagedllm.layers.sampler import Sampler
 from pagedllm.sample.metadata import build_sampling_metadata
 from pagedllm.sample.rejection_sampler import verify
-from pagedllm.spec_decode import DraftLength, make_proposer
-from pagedllm.spec_decode.draft_control import DraftControl
-from pagedllm.structured_output.bitmask import apply_grammar_bitmask
-from pagedllm.worker.draft_model import DraftModelProposer
-from pagedllm.worker.eagle import EagleProposer, TargetStep
-from pagedllm.worker.input_batch import InputBatch, RowTokens
-from pagedllm.worker.model_drafter import DraftRequest
+from pagedllm.sample.row_tokens import RowTokens
+from pagedllm.spec_decode.draft_control import DraftControl, DraftLength
+from pagedllm.spec_decode.proposer import DraftBatch, DrafterLoaders, DraftRequest, TargetStep
+from pagedllm.spec_decode.proposers import make_proposer
 
 
-def write_draft_tokens(batch: InputBatch, drafts: dict[str, list[int]]) -> None:
+def write_draft_tokens(batch: DraftBatch, drafts: dict[str, list[int]]) -> None:
     """Place each request's drafts after its last token, where the input gather reads them (they
     are not part of the sequence: num_tokens is unchanged)."""
     for req_id, token_ids in drafts.items():
@@ -68,10 +64,16 @@ def logits_rows(
     return cu
 
 
+def logits_row_req_ids(req_ids: list[str], cu_num_logits: np.ndarray) -> list[str]:
+    """The request of each logits row (``req_ids``: the sampling requests, in logits order)."""
+    counts = np.diff(cu_num_logits)
+    return [req_ids[i] for i in np.repeat(np.arange(len(req_ids)), counts).tolist()]
+
+
 class _DraftRowTokens(RowTokens):
     """Output tokens seen by each logits row: the request's output, then the drafts before the row."""
 
-    def __init__(self, batch: InputBatch, rows: np.ndarray, starts: np.ndarray, offsets: np.ndarray,
+    def __init__(self, batch: DraftBatch, rows: np.ndarray, starts: np.ndarray, offsets: np.ndarray,
                  draft_ids: np.ndarray) -> None:
         super().__init__(batch, rows.tolist(), output=True)
         self._starts, self._offsets, self._drafts = starts, offsets, draft_ids
@@ -94,16 +96,9 @@ def _merge_logprobs(per_row: list[LogprobsLists | None], start: int, n: int) -> 
 
 
 class SpecDecodeRunner:
-    def __init__(self, engine_config: Any, max_num_reqs: int, max_model_len: int) -> None:
+    def __init__(self, engine_config: EngineConfig, max_num_reqs: int, max_model_len: int, loaders: DrafterLoaders) -> None:
         spec_config = engine_config.speculative_config
-        # A draft model or EAGLE head drafts for the whole batch at once; the token-based drafters
-        # per request.
-        self.model_drafter: DraftModelProposer | EagleProposer | None = None
-        if spec_config.uses_draft_model():
-            self.model_drafter = DraftModelProposer(engine_config)
-        elif spec_config.method in ("eagle", "eagle3"):
-            self.model_drafter = EagleProposer(engine_config)
-        self.proposer = None if self.model_drafter is not None else make_proposer(spec_config)
+        self.proposer = make_proposer(engine_config, loaders)
         self.draft_length = DraftLength(spec_config, max_num_reqs)
         self.method: str = spec_config.rejection_sample_method
         self.max_model_len = max_model_len
@@ -111,68 +106,55 @@ class SpecDecodeRunner:
         self.sampled_req_ids: list[str] = []
         # Per request: how many drafts pay for their verification, from its acceptance history
         # (token drafters are also asked while a request drafts nothing: shadow drafts keep it up).
-        self.control = DraftControl(shadows=self.proposer is not None)
+        self.control = DraftControl(shadows=self.proposer.shadow_drafts)
 
     def load_model(self, target: nn.Module) -> None:
-        if isinstance(self.model_drafter, EagleProposer):
-            self.model_drafter.load_model(target)
-        elif self.model_drafter is not None:
-            self.model_drafter.load_model()
+        self.proposer.load_model(target)
 
     def reads_aux_hidden_states(self) -> bool:
         """Whether the target's forward returns `(hidden, aux)` for an EAGLE-3 head (set at load)."""
-        return isinstance(self.model_drafter, EagleProposer) and bool(self.model_drafter.aux_layers)
+        return bool(self.proposer.aux_hidden_layers)
 
     def end_step(
         self, req_ids: list[str], rows: np.ndarray, query_start_loc: np.ndarray, sample_idx: np.ndarray,
-        hidden: torch.Tensor, aux_hidden: list[torch.Tensor], batch: InputBatch,
+        hidden: torch.Tensor, aux_hidden: list[torch.Tensor], batch: DraftBatch,
     ) -> None:
-        """The step's sampling requests are the next ones to draft for; an EAGLE head reads the hidden
-        states of every token the target computed (EAGLE-3: the auxiliary ones, side by side)."""
+        """The step's sampling requests are the next ones to draft for; the proposer sees the hidden
+        states of every token the target computed (the auxiliary ones side by side, when it asked)."""
         self.sampled_req_ids = [req_ids[i] for i in sample_idx.tolist()]
-        if isinstance(self.model_drafter, EagleProposer):
-            features = torch.cat(aux_hidden, dim=-1) if aux_hidden else hidden
-            self.model_drafter.observe(
-                TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), features)
-            )
+        features = torch.cat(aux_hidden, dim=-1) if aux_hidden else hidden
+        self.proposer.observe(
+            TargetStep(req_ids, rows, query_start_loc, batch.num_computed_tokens[rows].copy(), features)
+        )
 
     def kv_cache_share(self, target_bytes_per_block: int, kv_cache_dtype: torch.dtype) -> float:
         """The target's share of the KV cache budget (a draft model's cache has as many blocks)."""
-        if self.model_drafter is None:
+        spec = self.proposer.kv_cache_spec(kv_cache_dtype)
+        if spec is None:
             return 1.0
-        draft = self.model_drafter.kv_cache_spec(kv_cache_dtype).bytes_per_block
-        return target_bytes_per_block / (target_bytes_per_block + draft)
+        return target_bytes_per_block / (target_bytes_per_block + spec.bytes_per_block)
 
     def initialize_kv_cache(self, num_blocks: int, kv_cache_dtype: torch.dtype) -> None:
-        if self.model_drafter is not None:
-            self.model_drafter.initialize_kv_cache(num_blocks, kv_cache_dtype)
+        self.proposer.initialize_kv_cache(num_blocks, kv_cache_dtype)
 
     def release_kv_cache(self) -> int:
         """Free a model drafter's cache (sleep mode); returns its bytes."""
-        return 0 if self.model_drafter is None else self.model_drafter.release_kv_cache()
+        return self.proposer.release_kv_cache()
 
     def preempted(self, req_id: str) -> None:
-        """A preempted request resumes in other blocks: a draft model's cache of it is gone (an EAGLE
-        head keeps nothing per request: the target recomputes it and the head follows)."""
-        if self.model_drafter is not None:
-            self.model_drafter.forget(req_id)
+        """A preempted request resumes in other blocks: what the proposer keeps of it is stale."""
+        self.proposer.forget(req_id, None)
 
-    def forget(self, batch: InputBatch, req_id: str) -> None:
+    def forget(self, batch: DraftBatch, req_id: str) -> None:
         """A finished request: its output may feed the drafter (suffix decoding's global trie)."""
         self.control.forget(req_id)
-        if self.model_drafter is not None:
-            self.model_drafter.forget(req_id)
-            return
-        assert self.proposer is not None
         row = batch.req_id_to_row.get(req_id)
         self.proposer.forget(req_id, None if row is None else batch.output_token_ids(row).copy())
 
-    def propose(self, batch: InputBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
+    def propose(self, batch: DraftBatch, generators: dict[str, torch.Generator]) -> dict[str, list[int]]:
+        # k = 0: switched off for this batch size. The proposer is still called (with no requests): an
+        # EAGLE head must read this step's hidden states; suffix tries catch up when drafting resumes.
         k = self.draft_length(len(self.sampled_req_ids))
-        if k == 0 and not isinstance(self.model_drafter, EagleProposer):
-            # Switched off for this batch size (suffix tries catch up on the tokens when drafting resumes;
-            # an EAGLE head must still read this step's hidden states).
-            return {}
         requests: list[DraftRequest] = []
         for req_id in self.sampled_req_ids if k > 0 else ():
             row = batch.req_id_to_row.get(req_id)
@@ -188,29 +170,25 @@ class SpecDecodeRunner:
             if k_req <= 0 and not (room > 0 and self.control.wants_shadow(req_id)):
                 continue
             temperature = 0.0 if params is None else params.temperature
-            requests.append(DraftRequest(req_id, row, k_req, temperature, generators.get(req_id)))
-        if self.model_drafter is not None:
-            drafts = self.model_drafter.propose(batch, requests)
-            for r in requests:
-                self.control.record(r.req_id, drafts.get(r.req_id, []), int(batch.num_tokens[r.row]))
-        else:
-            assert self.proposer is not None
-            drafts = {}
-            for r in requests:
-                n = int(batch.num_tokens[r.row])
-                # A request that verifies nothing this step drafts a shadow of the full k, which its
-                # next tokens score (see pagedllm.spec_decode.draft_control).
-                proposed = self.proposer.propose(r.req_id, batch.token_ids[r.row, :n], r.num_drafts or k)
-                self.control.record(r.req_id, proposed[: r.num_drafts] if r.num_drafts else proposed, n)
-                drafts[r.req_id] = proposed[: r.num_drafts]
-        return {req_id: tokens for req_id, tokens in drafts.items() if tokens}
+            # A request that verifies nothing this step drafts a shadow of the full k, which its next
+            # tokens score (see pagedllm.spec_decode.draft_control).
+            requests.append(DraftRequest(req_id, row, k_req or k, k_req, temperature, generators.get(req_id)))
+        proposed = self.proposer.propose(batch, requests)
+        drafts: dict[str, list[int]] = {}
+        for r in requests:
+            tokens = proposed.get(r.req_id, [])
+            verified = tokens[: r.num_verified]
+            self.control.record(r.req_id, verified if r.num_verified else tokens, int(batch.num_tokens[r.row]))
+            if verified:
+                drafts[r.req_id] = verified
+        return drafts
 
     def _draft_probs(
         self, req_ids: list[str], drafts: dict[str, list[int]], cu_num_logits: np.ndarray, probs: torch.Tensor | None
     ) -> torch.Tensor | None:
         """The distributions a draft model drew its drafts from, by logits row (a point mass on the
         draft where it took the argmax); None when every draft was a point mass."""
-        sampled = {} if self.model_drafter is None else self.model_drafter.draft_probs
+        sampled = self.proposer.draft_probs
         if probs is None or not any(r in sampled for r in req_ids):
             return None
         q = torch.zeros_like(probs)
@@ -234,13 +212,12 @@ class SpecDecodeRunner:
         req_ids: list[str],
         rows: np.ndarray,
         drafts: dict[str, list[int]],
-        batch: InputBatch,
+        batch: DraftBatch,
         generators: dict[str, torch.Generator],
-        grammar_output: GrammarOutput | None,
         vocab_size: int,
     ) -> tuple[list[list[int]], list[LogprobsLists | None]]:
-        """Verify the drafts of the sampling requests ``req_ids`` (batch ``rows``); returns per request
-        its emitted tokens and their logprobs."""
+        """Verify the drafts of the sampling requests ``req_ids`` (batch ``rows``; ``logits`` already
+        masked by any grammar); returns per request its emitted tokens and their logprobs."""
         counts = np.diff(cu_num_logits)
         total = int(cu_num_logits[-1])
         starts = np.repeat(cu_num_logits[:-1], counts)
@@ -251,10 +228,7 @@ class SpecDecodeRunner:
             d = drafts.get(req_id)
             if d:
                 draft_ids[cu_num_logits[i] : cu_num_logits[i] + len(d)] = d
-        row_req_ids = [req_ids[i] for i in np.repeat(np.arange(len(req_ids)), counts).tolist()]
-        if grammar_output is not None:
-            # Constrained requests draft nothing (the scheduler drops their drafts): one row each.
-            apply_grammar_bitmask(logits, grammar_output, row_req_ids)
+        row_req_ids = logits_row_req_ids(req_ids, cu_num_logits)
         row_list = row_of.tolist()
         row_gens = {j: generators[r] for j, r in enumerate(row_req_ids) if r in generators}
         metadata = build_sampling_metadata(

@@ -9,35 +9,24 @@ target has seen them; the target later overwrites its own cache at those positio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import numpy as np
 import torch
 from torch import nn
 
 from pagedllm.attention import CommonAttentionMetadata, attention_layers, bind_kv_cache, get_attn_backend
+from pagedllm.config import EngineConfig
 from pagedllm.forward_context import set_forward_context
-from pagedllm.kv_cache_interface import KVCacheSpec
+from pagedllm.kv_cache_interface import KVCacheSpec, allocate_zeroed
 from pagedllm.sample.ops import random_sample
-from pagedllm.worker.input_batch import InputBatch
-from pagedllm.worker.kv_cache import allocate_zeroed
-
-
-@dataclass
-class DraftRequest:
-    """One request to draft for: its batch row, how many tokens, and its sampling temperature (0 for
-    greedy drafts) and generator (seeded requests draw from their own)."""
-
-    req_id: str
-    row: int
-    num_drafts: int
-    temperature: float
-    generator: torch.Generator | None
+from pagedllm.spec_decode.proposer import DraftBatch, DraftRequest, TargetStep
 
 
 class ModelDrafter:
-    def __init__(self, engine_config: Any) -> None:
+    """The `Proposer` parts of a drafter with a model and a KV cache of its own."""
+
+    shadow_drafts = False
+
+    def __init__(self, engine_config: EngineConfig) -> None:
         spec = engine_config.speculative_config
         if not spec.model:
             raise ValueError(f"speculative_config.method={spec.method!r} needs speculative_config.model")
@@ -49,8 +38,7 @@ class ModelDrafter:
         # Drafts index the target's vocabulary.
         self.vocab_size: int = engine_config.model_config.get_vocab_size()
         self.model: nn.Module | None = None
-        # The distribution each request's last drafts were drawn from ([k, vocab]); absent for
-        # argmax drafts (a point mass). The rejection sampler needs them for min(1, p / q).
+        self.aux_hidden_layers: list[int] = []
         self.draft_probs: dict[str, torch.Tensor] = {}
 
     def require_model(self) -> nn.Module:
@@ -95,13 +83,16 @@ class ModelDrafter:
     def reset(self) -> None:
         """Forget every request's cache state."""
 
-    def forget(self, req_id: str) -> None:
-        """A finished or preempted request."""
+    def observe(self, step: TargetStep) -> None:
+        """A draft model runs on the request's tokens alone."""
+
+    def forget(self, req_id: str, output_token_ids: np.ndarray | None) -> None:
+        """A finished or preempted request (a preempted one resumes in other blocks: its cache is gone)."""
         self.draft_probs.pop(req_id, None)
 
     def run(
         self,
-        batch: InputBatch,
+        batch: DraftBatch,
         rows: np.ndarray,
         starts: np.ndarray,
         ends: np.ndarray,
@@ -152,7 +143,7 @@ class ModelDrafter:
 
     def draft_round(
         self,
-        batch: InputBatch,
+        batch: DraftBatch,
         logits: torch.Tensor,
         active: list[DraftRequest],
         depth: int,
