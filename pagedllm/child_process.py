@@ -15,6 +15,8 @@ tracker warns of it ("leaked semaphore objects") when the server stops.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -38,13 +40,34 @@ def group_signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def init_child_process() -> None:
-    """First thing in a child process: ignore SIGTERM and SIGINT (dropping any that arrived while they
-    were held), and give tqdm's progress bars (torch.compile draws them) a thread lock: by default tqdm
-    creates a `multiprocessing` lock, a named semaphore that `os._exit` would leak."""
+def ignore_group_signals() -> None:
+    """Ignore SIGTERM and SIGINT, dropping any that arrived while they were held."""
     for signum in GROUP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, GROUP_SIGNALS)
+
+
+def init_child_process() -> None:
+    """First thing in a child process: ignore SIGTERM and SIGINT (`ignore_group_signals`), and give
+    tqdm's progress bars (torch.compile draws them) a thread lock: by default tqdm creates a
+    `multiprocessing` lock, a named semaphore that `os._exit` would leak."""
+    ignore_group_signals()
     from tqdm import tqdm
 
     tqdm.set_lock(threading.RLock())
+
+
+def die_with_parent() -> None:
+    """Have the kernel kill this process when its parent dies (Linux `PR_SET_PDEATHSIG`), so no child is
+    ever orphaned; elsewhere the parent's shutdown is the only cleanup. (Under `forkserver` the parent is
+    the fork server, which exits with the engine process.)"""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    parent = multiprocessing.parent_process()
+    if parent is not None and not parent.is_alive():  # the parent died before the signal was armed
+        os._exit(1)

@@ -27,6 +27,13 @@ def _str(raw: str | None) -> str | None:
     return raw or None
 
 
+def _int(raw: str | None) -> int | None:
+    """Unset or empty -> None; otherwise the integer (ValueError for anything else)."""
+    if raw is None or raw.strip() == "":
+        return None
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class EnvVar:
     name: str
@@ -95,6 +102,12 @@ _VARS: list[EnvVar] = [
         "PAGEDLLM_WORKER_MULTIPROC_METHOD",
         _str,
         "Start method of worker processes (fork or spawn); some models need spawn.",
+    ),
+    EnvVar(
+        "PAGEDLLM_XGRAMMAR_CACHE_MB",
+        _int,
+        "Bound of the engine's compiled-grammar cache in MiB (both grammar engines; least recently used "
+        "grammars are evicted), as vLLM's VLLM_XGRAMMAR_CACHE_MB; default 512.",
     ),
     EnvVar(
         "PAGEDLLM_PP_LAYER_PARTITION",

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pagedllm import envs
 from pagedllm.config.utils import config, hash_fields
+
+# vLLM's default for VLLM_XGRAMMAR_CACHE_MB.
+_DEFAULT_GRAMMAR_CACHE_MB = 512
 
 
 @config
@@ -40,6 +44,9 @@ class StructuredOutputsConfig:
     validation_timeout_s: float = 10.0
     """Seconds the server's front-end may spend checking one request's constraint (off its event loop);
     a constraint not checked in time is refused (400)."""
+    compile_timeout_s: float = 30.0
+    """Seconds one grammar may take to compile: a compilation running longer is stopped (grammars compile
+    in child processes, which are killed and replaced) and the requests waiting for it fail."""
 
     def __post_init__(self) -> None:
         for name in ("max_schema_bytes", "max_schema_depth", "max_enum_members", "max_regex_repetition"):
@@ -47,15 +54,25 @@ class StructuredOutputsConfig:
                 raise ValueError(
                     f"structured_outputs_config.{name} must be at least 1, got {getattr(self, name)}"
                 )
-        if not self.validation_timeout_s > 0:
-            raise ValueError(
-                f"structured_outputs_config.validation_timeout_s must be positive, got {self.validation_timeout_s}"
-            )
+        for name in ("validation_timeout_s", "compile_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(
+                    f"structured_outputs_config.{name} must be positive, got {getattr(self, name)}"
+                )
         if self.reasoning_parser:
             # Imported here: the parsers import the server's protocol, which the config must not load.
             from pagedllm.reasoning import get_reasoning_parser
 
             get_reasoning_parser(self.reasoning_parser, "structured_outputs_config.reasoning_parser")
+
+    @staticmethod
+    def grammar_cache_bytes() -> int:
+        """The bound of the engine's compiled-grammar cache: PAGEDLLM_XGRAMMAR_CACHE_MB (default 512) MiB."""
+        mb = envs.PAGEDLLM_XGRAMMAR_CACHE_MB
+        mb = _DEFAULT_GRAMMAR_CACHE_MB if mb is None else mb
+        if mb < 0:
+            raise ValueError(f"PAGEDLLM_XGRAMMAR_CACHE_MB must be 0 or more, got {mb}")
+        return mb * 2**20
 
     def compute_hash(self) -> str:
         return hash_fields(self, ("backend",))

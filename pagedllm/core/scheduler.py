@@ -220,6 +220,12 @@ class Scheduler(SchedulerUpdate):
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def waiting_only_for_grammars(self) -> bool:
+        """Whether every unfinished request waits for a grammar still compiling (nothing to schedule)."""
+        if not self.waiting_for_fsm or len(self.waiting_for_fsm) != len(self.requests):
+            return False
+        return not any(r.structured_output_request.is_ready() for r in self.waiting_for_fsm)  # type: ignore[union-attr]
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 

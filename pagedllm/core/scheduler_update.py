@@ -31,6 +31,7 @@ class SchedulerUpdate:
     requests: dict[str, Request]
     running: list[Request]
     waiting: RequestQueue
+    waiting_for_fsm: list[Request]
     kv_cache_manager: KVCacheManager
     pipeline: BatchPipeline | None
     max_model_len: int
@@ -155,7 +156,8 @@ class SchedulerUpdate:
         spec, self.spec_stats = self.spec_stats, SpecDecodingStats()
         return SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
+            # Requests waiting for their grammar to compile wait too (vLLM's num_requests_waiting).
+            num_waiting_reqs=len(self.waiting) + len(self.waiting_for_fsm),
             kv_cache_usage=self.kv_cache_manager.usage,
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
@@ -164,7 +166,7 @@ class SchedulerUpdate:
             external_prefix_cache_hits=external[1],
             kv_connector_stats=connector_stats,
             running_lora_adapters=_adapter_counts(self.running) if self.max_loras else {},
-            waiting_lora_adapters=_adapter_counts(self.waiting) if self.max_loras else {},
+            waiting_lora_adapters=_adapter_counts([*self.waiting, *self.waiting_for_fsm]) if self.max_loras else {},
             spec_num_drafts=spec.num_drafts,
             spec_num_draft_tokens=spec.num_draft_tokens,
             spec_num_accepted_tokens=spec.num_accepted_tokens,

@@ -10,6 +10,7 @@ offline use and the server.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,10 @@ class EngineCore(EngineCoreOps, LoRAOps):
         self._max_batches = max_batches
         self._batch_queue: deque[tuple[SchedulerOutput, StepFuture]] | None = deque() if max_batches > 1 else None
         self.max_batches_in_flight = 0
+        # Set whenever a grammar finishes compiling (see wait_for_grammars).
+        self._grammar_ready = threading.Event()
+        if self.structured_output_manager is not None:
+            self.structured_output_manager.add_ready_listener(self._grammar_ready.set)
 
     def _initialize_kv_caches(self) -> int:
         """Size the KV cache in blocks, record it in `cache_config.num_gpu_blocks`, allocate it."""
@@ -148,13 +153,33 @@ class EngineCore(EngineCoreOps, LoRAOps):
     def has_unfinished_requests(self) -> bool:
         return bool(self._admission_errors) or self.scheduler.has_unfinished_requests() or bool(self._batch_queue)
 
+    def waiting_for_grammars(self) -> bool:
+        """Whether nothing can run until a grammar compiles: every unfinished request waits for its
+        grammar (a step would schedule nothing)."""
+        return (
+            not self._admission_errors
+            and not self._batch_queue
+            and not self.scheduler.grammar_errors
+            and self.scheduler.waiting_only_for_grammars()
+        )
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Sleep while `waiting_for_grammars()`, until a grammar compiles or ``timeout`` seconds pass (the
+        in-process engine's wait; the server's core process waits on its input queue instead)."""
+        self._grammar_ready.clear()
+        if self.waiting_for_grammars():
+            self._grammar_ready.wait(timeout)
+
     def step(self) -> EngineCoreOutputs:
         """Schedule one batch, run it, and return what each request produced.
 
         The stages, in order: schedule -> grammar bitmask (structured outputs) -> execute (the forward)
         -> sample (under the bitmask) -> propose drafts (speculative decoding) -> update the requests.
         The bitmask is computed while the workers run the forward, which it does not need."""
-        if self._batch_queue is not None:
+        if self.waiting_for_grammars():
+            # Nothing to schedule: no empty forward, no stats message per call.
+            outputs = EngineCoreOutputs()
+        elif self._batch_queue is not None:
             outputs = self._step_with_batch_queue(self._batch_queue)
         elif self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()

@@ -53,6 +53,8 @@ class InputKind(bytes, enum.Enum):
     ADD = b"\x00"
     ABORT = b"\x01"
     UTILITY = b"\x02"
+    # Never sent by the front-end: queued in the core when a grammar finishes compiling, to wake its loop.
+    WAKE = b"\x03"
 
 
 class OutputKind(bytes, enum.Enum):
@@ -134,6 +136,8 @@ class EngineCoreProc:
         )
         self._input_thread.start()
         self._output_thread.start()
+        if core.structured_output_manager is not None:
+            core.structured_output_manager.add_ready_listener(self._wake)
 
     # ----------------------------------------------------------------------------------- I/O threads
     def _input_loop(self, addr: str) -> None:
@@ -186,6 +190,9 @@ class EngineCoreProc:
             logger.warning("Parent process %d is gone; engine core exiting.", self.parent_pid)
             raise _Shutdown
 
+    def _wake(self) -> None:
+        self.input_queue.put((InputKind.WAKE, None))
+
     def _process_input_queue(self) -> None:
         self._check_alive()
         if not self.core.has_unfinished_requests():
@@ -197,6 +204,15 @@ class EngineCoreProc:
                 except queue.Empty:
                     self._check_alive()
             self._handle(item)
+        elif self.core.waiting_for_grammars():
+            # Nothing can run until a grammar compiles: sleep until one does (`_wake`), a request
+            # arrives, or the poll interval passes, rather than stepping back to back. The front-end
+            # learns that these requests wait (vLLM's num_requests_waiting counts them).
+            self._send_stats()
+            try:
+                self._handle(self.input_queue.get(timeout=_IDLE_POLL_S))
+            except queue.Empty:
+                return
         while True:
             try:
                 item = self.input_queue.get_nowait()
@@ -206,6 +222,8 @@ class EngineCoreProc:
 
     def _handle(self, item: tuple[InputKind, Any]) -> None:
         kind, message = item
+        if kind is InputKind.WAKE:
+            return
         if kind is InputKind.ADD:
             # EngineCore reports a refused request in the next step's `errors`; it never raises here.
             self.core.add_request(message)
@@ -248,13 +266,16 @@ class EngineCoreProc:
             self.core.release_held_requests()
 
     def _send_idle_stats(self) -> None:
-        if not self._sent_busy_stats:
-            return
-        self._sent_busy_stats = False
+        if self._sent_busy_stats:
+            self._send_stats()
+            self._sent_busy_stats = False
+
+    def _send_stats(self) -> None:
         stats: SchedulerStats | None = self.core.scheduler.make_stats()
         if stats is not None:  # None when the engine does not collect stats
-            idle = EngineCoreOutputs(scheduler_stats=stats, engine_index=self.engine_index)
-            self.output_queue.put((OutputKind.OUTPUTS, idle))
+            self._sent_busy_stats = True
+            message = EngineCoreOutputs(scheduler_stats=stats, engine_index=self.engine_index)
+            self.output_queue.put((OutputKind.OUTPUTS, message))
 
     def send_failure(self, failure: CoreFailure) -> None:
         self.output_queue.put((OutputKind.FAILED, failure))

@@ -49,6 +49,10 @@ class EngineCoreClient(Protocol):
     def shutdown(self) -> None: ...
 
 
+# The longest an in-process engine sleeps waiting for a grammar before it looks again.
+_GRAMMAR_POLL_S = 0.2
+
+
 class InprocClient:
     """The core in this process: `get_output()` runs one engine step."""
 
@@ -68,6 +72,8 @@ class InprocClient:
             self.core.abort_requests(request_ids)
 
     def get_output(self) -> EngineCoreOutputs:
+        # While every request waits for its grammar, sleep until one compiles rather than spin.
+        self.core.wait_for_grammars(timeout=_GRAMMAR_POLL_S)
         return self.core.step()
 
     def has_unfinished_requests(self) -> bool:

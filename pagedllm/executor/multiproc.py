@@ -17,7 +17,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import time
 import traceback
@@ -29,7 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from pagedllm import envs
-from pagedllm.child_process import group_signals_held, init_child_process
+from pagedllm.child_process import die_with_parent, group_signals_held, init_child_process
 from pagedllm.distributed.parallel_state import output_rank
 from pagedllm.distributed.shm_broadcast import MessageQueue, QueueHandle
 from pagedllm.executor.abstract import Executor, StepFuture, run_worker_method
@@ -55,28 +54,12 @@ def free_tcp_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when its parent dies (Linux), so no worker is ever
-    orphaned; elsewhere the executor's shutdown is the only cleanup. (Under `forkserver` the parent
-    is the fork server, which exits with the engine process.)"""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    parent = multiprocessing.parent_process()
-    if parent is not None and not parent.is_alive():  # the engine died before the signal was armed
-        os._exit(1)
-
-
 def worker_main(
     engine_config: EngineConfig, rank: int, init_method: str, handle: QueueHandle, conn: Connection
 ) -> None:
     """A worker process: build the worker, then run the calls the queue brings until shutdown."""
     init_child_process()
-    _die_with_parent()
+    die_with_parent()
     logger.info("worker %d started", rank)
     # Imported here: the spawned interpreter loads torch and the model code only in the workers.
     from pagedllm.worker.worker import Worker

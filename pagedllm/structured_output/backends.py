@@ -1,9 +1,11 @@
 """The grammar engines: xgrammar and llguidance behind one small interface.
 
-A backend turns a request's `StructuredOutputsParams` into a compiled grammar (with the tokenizer's
-vocabulary; cached by the manager), makes a matcher per request from it, and fills the bitmask rows of
-many matchers in one call. `validate` checks a constraint without a tokenizer, cheaply, so the
-front-end can refuse a bad schema, regex or grammar before the request is queued.
+A backend's `compile_payload` turns a request's `StructuredOutputsParams` into a compiled grammar as
+text (it runs in a compile worker process, `compile_server.py`, which can be stopped); in the engine
+`load` turns that text into the compiled grammar (cached by the manager), `new_matcher` makes a matcher
+per request from it, and `fill_bitmask` fills the bitmask rows of many matchers in one call. `validate`
+checks a constraint without a tokenizer, so the front-end can refuse a bad schema, regex or grammar
+before the request is queued.
 """
 
 from __future__ import annotations
@@ -84,19 +86,44 @@ class XgrammarBackend:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(
+        self.info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
         )
-        # One thread: the manager's pool already compiles grammars side by side.
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._info_json: str | None = None
         self._batch = xgr.BatchGrammarMatcher()
 
     @staticmethod
     def validate(params: StructuredOutputsParams) -> None:
         _xgrammar_grammar(params)
 
-    def compile(self, params: StructuredOutputsParams) -> Any:
-        return self.compiler.compile_grammar(_xgrammar_grammar(params))
+    def worker_init(self) -> str:
+        """What a compile worker needs to compile for this vocabulary: the tokenizer info, serialized."""
+        if self._info_json is None:
+            self._info_json = self.info.serialize_json()
+        return self._info_json
+
+    @staticmethod
+    def make_compiler(worker_init: str) -> Any:
+        """In a compile worker: the compiler for the vocabulary `worker_init` describes. Its cache is
+        off: the engine keeps the compiled grammars, in a bounded cache."""
+        import xgrammar as xgr
+
+        info = xgr.TokenizerInfo.deserialize_json(worker_init)
+        # One thread: the engine compiles grammars side by side, each in its own worker.
+        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    @staticmethod
+    def compile_payload(params: StructuredOutputsParams, compiler: Any) -> str:
+        return str(compiler.compile_grammar(_xgrammar_grammar(params)).serialize_json())
+
+    def load(self, payload: str) -> Any:
+        import xgrammar as xgr
+
+        return xgr.CompiledGrammar.deserialize_json(payload, self.info)
+
+    @staticmethod
+    def memory_size(compiled: Any) -> int:
+        return int(compiled.memory_size_bytes)
 
     def new_matcher(self, compiled: Any) -> _XgrammarMatcher:
         import xgrammar as xgr
@@ -192,8 +219,24 @@ class GuidanceBackend:
     def validate(params: StructuredOutputsParams) -> None:
         _guidance_checked_grammar(params)
 
-    def compile(self, params: StructuredOutputsParams) -> str:
+    def worker_init(self) -> None:
+        return None
+
+    @staticmethod
+    def make_compiler(worker_init: str | None) -> None:
+        return None
+
+    @staticmethod
+    def compile_payload(params: StructuredOutputsParams, compiler: Any) -> str:
         return _guidance_checked_grammar(params)
+
+    @staticmethod
+    def load(payload: str) -> str:
+        return payload
+
+    @staticmethod
+    def memory_size(compiled: str) -> int:
+        return len(compiled)
 
     def new_matcher(self, compiled: str) -> _GuidanceMatcher:
         import llguidance
@@ -240,6 +283,9 @@ def resolve_backend(params: StructuredOutputsParams, configured: str, disable_fa
         else:
             return "guidance"
         raise
+
+
+BACKEND_CLASSES: dict[str, Any] = {"xgrammar": XgrammarBackend, "guidance": GuidanceBackend}
 
 
 def apply_switches(params: StructuredOutputsParams, config: Any) -> None:

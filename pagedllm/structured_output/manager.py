@@ -1,11 +1,13 @@
 """The engine core's side of structured outputs: compile grammars off the step loop, keep one matcher
 per request, and fill the step's token bitmask in one batched call per backend.
 
-Grammars compile on a small thread pool (xgrammar and llguidance release the GIL while compiling), so
-the step loop never waits on one: the scheduler keeps a request in WAITING_FOR_FSM until its grammar
-is ready. Compiled grammars are cached by (backend, kind, spec, options): many requests with the same
-schema compile it once. The tokenizer and the backends' vocabulary tables are built on the pool too,
-when the first constrained request arrives, so an engine that never sees one pays nothing.
+Grammars compile in the worker processes of a compile server (`compile_client.py`), each driven from
+a thread of a small pool, so the step loop never waits on one: the scheduler keeps a request in WAITING_FOR_FSM until its grammar is
+ready, and a grammar that does not compile within `compile_timeout_s` is stopped and fails its
+requests. Compiled grammars are cached by (backend, kind, spec, options) in a cache bounded in bytes
+(`PAGEDLLM_XGRAMMAR_CACHE_MB`): many requests with the same schema compile it once. The tokenizer and
+the backends' vocabulary tables are built on the pool too, when the first constrained request arrives,
+so an engine that never sees one pays nothing.
 
 With a reasoning parser (`structured_outputs_config.reasoning_parser`), the grammar constrains only
 the answer: while a request is still reasoning its bitmask row allows every token and its matcher does
@@ -16,32 +18,34 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from pagedllm.reasoning import ReasoningParser, get_reasoning_parser
-from pagedllm.structured_output.backends import GuidanceBackend, Matcher, XgrammarBackend, apply_engine_config
+from pagedllm.structured_output.backends import BACKEND_CLASSES, Matcher, apply_switches
+from pagedllm.structured_output.cache import GrammarCache
+from pagedllm.structured_output.compile_client import CompileClient, CompileTimeoutError, CompileWorkerError
+from pagedllm.structured_output.limits import check_limits
 from pagedllm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger("pagedllm.structured_output")
 
-_BACKEND_CLASSES = {"xgrammar": XgrammarBackend, "guidance": GuidanceBackend}
+# A compiled grammar, with the backend that compiled it.
+Compiled = tuple[str, Any]
 
 
 class StructuredOutputRequest:
     """One request's grammar: compiling (a future), then a matcher that follows the request's tokens."""
 
     def __init__(
-        self,
-        manager: StructuredOutputManager,
-        backend: str,
-        compiled: Future[Any],
-        prompt_token_ids: list[int],
+        self, manager: StructuredOutputManager, compiled: Future[Compiled], prompt_token_ids: list[int]
     ) -> None:
         self.manager = manager
-        self.backend = backend
+        # Known once compiled: a constraint the front-end did not resolve is resolved by the compiler.
+        self.backend = ""
         self._compiled = compiled
         self._prompt_token_ids = prompt_token_ids
         self.matcher: Matcher | None = None
@@ -53,7 +57,8 @@ class StructuredOutputRequest:
 
     def init_matcher(self) -> None:
         """Once ready: build the matcher. Raises the compile error of a grammar that failed."""
-        self.matcher = self.manager.backend(self.backend).new_matcher(self._compiled.result())
+        self.backend, compiled = self._compiled.result()
+        self.matcher = self.manager.backend(self.backend).new_matcher(compiled)
         reasoner = self.manager.reasoner
         # A prompt can close the reasoning itself (Qwen3's template with enable_thinking=false).
         self.reasoning_ended = reasoner is None or reasoner.is_reasoning_end(self._prompt_token_ids)
@@ -91,17 +96,28 @@ class StructuredOutputManager:
         # Built with the tokenizer (on the pool, before any grammar is ready); None: no reasoning phase.
         self.reasoner: ReasoningParser | None = None
         self._backends: dict[str, Any] = {}
+        # Held while the tokenizer and a backend's vocabulary tables are built (seconds, on the pool);
+        # the cache's lock is another, so that the step loop never waits on that.
+        self._backends_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._cache: dict[tuple[str, str, str, bool, bool, str | None], Future[Any]] = {}
+        self._cache = GrammarCache(structured_outputs_config.grammar_cache_bytes())
+        # Each pool thread drives one compile worker process at a time.
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pagedllm-grammar")
+        self.compile_client = CompileClient(max_workers)
+        # Called (from a pool thread) whenever a compilation finishes: the engine's loop sleeps while
+        # every request waits for a grammar, and wakes up on this.
+        self._ready_listeners: list[Callable[[], None]] = []
 
     def backend(self, name: str) -> Any:
-        with self._lock:
+        built = self._backends.get(name)
+        if built is not None:  # the step loop's case: no lock to wait on
+            return built
+        with self._backends_lock:
             if name not in self._backends:
                 if self._tokenizer is None:
                     self._tokenizer = self._load_tokenizer()
                     self.reasoner = self._make_reasoner(self._tokenizer)
-                self._backends[name] = _BACKEND_CLASSES[name](
+                self._backends[name] = BACKEND_CLASSES[name](
                     self._tokenizer, self.vocab_size, self.stop_token_ids
                 )
             return self._backends[name]
@@ -121,17 +137,20 @@ class StructuredOutputManager:
             return None
         return reasoner
 
+    def add_ready_listener(self, listener: Callable[[], None]) -> None:
+        self._ready_listeners.append(listener)
+
     def grammar_init(
         self, params: StructuredOutputsParams, prompt_token_ids: list[int]
     ) -> StructuredOutputRequest:
-        """Start compiling ``params``' grammar (or reuse the cached one); never blocks."""
+        """Start compiling ``params``' grammar (or reuse the cached one); never blocks. ValueError for a
+        constraint over the configured limits."""
         if params.resolved_backend is None:
-            # The front-end's job; done here for clients that talk to the core directly.
-            apply_engine_config(params, self.config)
-        backend = params.resolved_backend
-        assert backend is not None
+            # The front-end's job; done here for clients that talk to the core directly (the compile
+            # worker picks the backend).
+            apply_switches(params, self.config)
         key = (
-            backend,
+            params.resolved_backend,
             params.kind,
             params.spec(),
             params.disable_any_whitespace,
@@ -141,12 +160,47 @@ class StructuredOutputManager:
         with self._lock:
             future = self._cache.get(key)
             if future is None:
-                future = self._pool.submit(self._compile, backend, params)
-                self._cache[key] = future
-        return StructuredOutputRequest(self, backend, future, prompt_token_ids)
+                # The front-end checked this already; the core checks what it compiles itself.
+                check_limits(params, self.config)
+                future = self._pool.submit(self._compile, params)
+                self._cache.add(key, future)
+                start = True
+            else:
+                start = False
+        if start:
+            future.add_done_callback(lambda done: self._on_compiled(key, done))
+        return StructuredOutputRequest(self, future, prompt_token_ids)
 
-    def _compile(self, backend: str, params: StructuredOutputsParams) -> Any:
-        return self.backend(backend).compile(params)
+    def _compile(self, params: StructuredOutputsParams) -> Compiled:
+        backend, payload = self.compile_client.compile(
+            params, self.config, self._worker_init, self.config.compile_timeout_s
+        )
+        return backend, self.backend(backend).load(payload)
+
+    def _worker_init(self, name: str) -> str | None:
+        return self.backend(name).worker_init()  # type: ignore[no-any-return]
+
+    def _on_compiled(self, key: tuple[Any, ...], future: Future[Compiled]) -> None:
+        error = None if future.cancelled() else future.exception()
+        with self._lock:
+            if isinstance(error, CompileTimeoutError | CompileWorkerError) or future.cancelled():
+                # Not the constraint's fault for certain (a loaded machine, a killed worker): a later
+                # request compiles it again.
+                self._cache.discard(key, future)
+            else:
+                size = len(key[2]) + (len(str(error)) if error is not None else self._size(future.result()))
+                self._cache.finished(key, future, size)
+        for listener in self._ready_listeners:
+            listener()
+
+    def _size(self, compiled: Compiled) -> int:
+        backend, grammar = compiled
+        return int(BACKEND_CLASSES[backend].memory_size(grammar))
+
+    def cache_stats(self) -> tuple[int, int]:
+        """(entries, bytes) of the compiled-grammar cache."""
+        with self._lock:
+            return len(self._cache), self._cache.total_bytes
 
     def grammar_bitmask(self, grammars: list[StructuredOutputRequest]) -> np.ndarray:
         """int32 [len(grammars), ceil(vocab / 32)], row i the tokens grammars[i] allows next; one
@@ -167,3 +221,4 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.compile_client.close()

@@ -154,3 +154,28 @@ def test_abort_while_waiting_for_the_grammar() -> None:
     s.add_request(constrained(s, "a", [1, 2], FakeGrammar(ready=False)))
     s.finish_requests("a", RequestStatus.FINISHED_ABORTED)
     assert s.waiting_for_fsm == [] and not s.has_unfinished_requests() and s.constrained_req_ids == set()
+
+
+def test_requests_waiting_for_their_grammar_count_as_waiting() -> None:
+    s = so_scheduler()
+    runner = FakeRunner(s.block_size)
+    grammars = [FakeGrammar(ready=False), FakeGrammar(ready=False)]
+    for i, grammar in enumerate(grammars):
+        s.add_request(constrained(s, f"g{i}", [1, 2, 3], grammar, max_tokens=2))
+    # Nothing to schedule until a grammar compiles: the engine sleeps instead of stepping.
+    assert s.waiting_only_for_grammars()
+    stats = s.make_stats()
+    assert stats is not None and (stats.num_waiting_reqs, stats.num_running_reqs) == (2, 0)
+    s.add_request(make_request(s, "free", [4, 5], max_tokens=2))
+    assert not s.waiting_only_for_grammars()
+    step(s, runner)
+    stats = s.make_stats()
+    assert stats is not None and (stats.num_waiting_reqs, stats.num_running_reqs) == (2, 1)
+    while "free" in s.requests:
+        step(s, runner)
+    # A compiled grammar waits to be admitted by the next schedule(): a step must run.
+    assert s.waiting_only_for_grammars()
+    grammars[0].ready = True
+    assert not s.waiting_only_for_grammars()
+    so, _ = step(s, runner)
+    assert "g0" in so.num_scheduled_tokens

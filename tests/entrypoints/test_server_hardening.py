@@ -3,8 +3,8 @@ surrogates, request fields over their size limits, an unauthenticated /tokenize,
 grammar engine minutes, a shutdown timeout expiring mid-stream; and vLLM's metric names.
 
 One server for the module, with an API key, a small body limit, a small n cap, a lowered message limit,
-and structured-output limits lifted (so that pathological constraints reach the grammar engine) with a
-short deadline."""
+and structured-output limits lifted (so that pathological constraints reach the grammar engine) with
+short deadlines."""
 
 from __future__ import annotations
 
@@ -30,13 +30,14 @@ MAX_N = 8
 MAX_MESSAGES = 8
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 COMPLETION = {"prompt": "Hi", "max_tokens": 2}
-# Seconds: the front-end's budget for checking a constraint.
-VALIDATION_TIMEOUT_S = 2
+# Seconds: the front-end's budget for checking a constraint, the core's for compiling its grammar.
+VALIDATION_TIMEOUT_S, COMPILE_TIMEOUT_S = 2, 2
 STRUCTURED_OUTPUTS = {
     "max_schema_bytes": BODY_LIMIT,
     "max_enum_members": 10**6,
     "max_regex_repetition": 10**6,
     "validation_timeout_s": VALIDATION_TIMEOUT_S,
+    "compile_timeout_s": COMPILE_TIMEOUT_S,
 }
 
 
@@ -335,6 +336,50 @@ def test_a_schema_slow_to_check_is_refused_within_the_budget_and_health_answers(
         time.sleep(1)  # the conversion goes on in its thread: probes keep being answered meanwhile
     assert f"could not be checked within {VALIDATION_TIMEOUT_S} s" in message and elapsed < 30, (message, elapsed)
     probe.check()
+
+
+def _waiting_requests(server: RemoteServer) -> float:
+    return _scrape(server).get("vllm:num_requests_waiting", 0.0)
+
+
+def test_a_grammar_over_its_compile_deadline_fails_and_the_next_one_is_served(
+    server: RemoteServer, http: httpx.Client
+) -> None:
+    # xgrammar compiles a 60,000-member enum for a minute or more (a 100,000-member one held a thread
+    # over 10 minutes); two of them took both compile threads, and every later constrained request waited.
+    def huge_enum(tag: str) -> dict:
+        return {**COMPLETION, "guided_json": {"enum": [f"{tag}-{i}" for i in range(60_000)]}}
+
+    answers: dict[str, httpx.Response] = {}
+
+    def send(tag: str) -> None:
+        answers[tag] = http.post("/v1/completions", json=huge_enum(tag))
+
+    normal = {**COMPLETION, "max_tokens": 4, "guided_choice": ["yes", "no"]}
+    # The first constrained request starts the compile workers' fork server (seconds): not timed here.
+    assert http.post("/v1/completions", json=normal).status_code == 200
+    threads = [threading.Thread(target=send, args=(tag,)) for tag in ("a", "b")]
+    waiting = 0.0
+    with HealthProbe(server.url) as probe:
+        start = time.monotonic()
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            # Requests waiting for their grammar are waiting requests (vLLM's gauge).
+            waiting = max(waiting, _waiting_requests(server))
+            time.sleep(0.2)
+        failed_after = time.monotonic() - start
+        response = http.post("/v1/completions", json={**normal, "guided_choice": ["maybe", "no"]}, timeout=60)
+        served_after = time.monotonic() - start
+    for tag in ("a", "b"):
+        message = _error(answers[tag], 400, "guided_json")
+        assert f"structured_outputs.json did not compile within {COMPILE_TIMEOUT_S} s" in message, message
+    assert response.status_code == 200 and response.json()["choices"][0]["text"] in ("maybe", "no"), response.text
+    # Generous bounds for a loaded machine; far below the compile times.
+    assert failed_after < 45 and served_after < 60, (failed_after, served_after)
+    assert waiting >= 1
+    probe.check()
+    assert _waiting_requests(server) == 0
 
 
 # ------------------------------------------------------------------------------- shutdown (keep last)

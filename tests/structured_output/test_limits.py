@@ -120,3 +120,5 @@ def test_limits_are_configurable() -> None:
         StructuredOutputsConfig(max_schema_bytes=0)
     with pytest.raises(ValueError, match="must be positive"):
         StructuredOutputsConfig(validation_timeout_s=0)
+    with pytest.raises(ValueError, match="must be positive"):
+        StructuredOutputsConfig(compile_timeout_s=0)
