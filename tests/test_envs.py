@@ -21,6 +21,9 @@ _ENV_COPIES = {
     # Inductor reads its cache directory only from TORCHINDUCTOR_CACHE_DIR (no config setting); the
     # compiled forward points it at pagedllm's per-config cache when it compiles, not at construction.
     "worker/compiled_forward.py",
+    # oneDNN and ideep read their kernel-cache capacities only from the environment; the CPU worker
+    # bounds them (an operator's own setting wins).
+    "platforms/cpu.py",
 }
 _ENV_ACCESS = re.compile(r"os\.environ|os\.getenv|os\.putenv")
 

@@ -16,6 +16,10 @@ from pagedllm.platforms.base import Platform, PlatformEnum
 if TYPE_CHECKING:
     from pagedllm.config.engine import EngineConfig
 
+# Entries each of torch's oneDNN kernel caches keeps (ideep's LRU_CACHE_CAPACITY and oneDNN's
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY default to 1024): `CpuPlatform.bound_kernel_caches`.
+KERNEL_CACHE_CAPACITY = 64
+
 # Share of the memory still available after the weights are loaded that the KV cache may take by
 # default: the rest stays for activations, the tokenizer, the API server and the OS page cache.
 DEFAULT_KV_CACHE_SHARE = 0.4
@@ -77,6 +81,18 @@ class CpuPlatform(Platform):
                 (m_top_pad, 1 << 28),
             )
         )
+
+    @staticmethod
+    def bound_kernel_caches() -> None:
+        """Bound the caches of compiled oneDNN kernels that torch's bf16 GEMMs fill, one entry per
+        shape: ideep's (`LRU_CACHE_CAPACITY`) and oneDNN's primitive cache
+        (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`), 1024 entries each by default. A serving step's row count
+        changes with every batch, so both kept growing for as long as new counts appeared: the engine
+        core's memory grew by hundreds of MiB over rounds of the same load. Both libraries read the
+        variable when the cache is first used, so this runs before the worker's first GEMM; an
+        operator's own setting wins."""
+        for name in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+            os.environ.setdefault(name, str(KERNEL_CACHE_CAPACITY))
 
     def release_freed_memory(self) -> None:
         """`malloc_trim(0)`: `tune_allocator` keeps freed memory in glibc's heap, so dropped weights

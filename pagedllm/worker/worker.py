@@ -79,6 +79,7 @@ class Worker:
                 ranks_here = 1 if self.distributed_init_method is None else self.engine_config.parallel_config.world_size
                 torch.set_num_threads(max(1, current_platform.get_cpu_count() // ranks_here))
             current_platform.tune_allocator()
+            current_platform.bound_kernel_caches()
         if self.distributed_init_method is not None:
             pc = self.engine_config.parallel_config
             parallel_state.init_distributed_environment(pc.world_size, self.rank, self.distributed_init_method)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from pagedllm.platforms import (
     current_platform,
     override_platform,
 )
+from pagedllm.platforms.cpu import KERNEL_CACHE_CAPACITY
 
 
 def test_detected_platform_matches_torch() -> None:
@@ -64,6 +67,14 @@ def test_cpu_budgets() -> None:
     assert 0 < cpu.default_kv_cache_memory_bytes(0) < cpu.get_available_memory_bytes()
     assert cpu.default_kv_cache_memory_bytes(10**18) == 0
     assert not cpu.support_static_graph_mode() and cpu.default_max_num_batched_tokens() == 4096
+
+
+def test_kernel_caches_are_bounded_unless_the_operator_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    CpuPlatform.bound_kernel_caches()
+    assert os.environ.get("LRU_CACHE_CAPACITY") == str(KERNEL_CACHE_CAPACITY)
+    assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == "7"
 
 
 def test_bad_override() -> None:
