@@ -81,6 +81,19 @@ class LlamaModel(ctypes.Structure):
     ]
 
 
+class SegmentArgs(ctypes.Structure):
+    """`SegmentArgs` in cpu/llama_decode.c: a whole step's requests as prompt-kernel segments."""
+
+    _fields_ = [
+        ("tables", ctypes.c_void_p),
+        ("table_stride", ctypes.c_int64),
+        ("segs", ctypes.c_void_p),
+        ("num_segs", ctypes.c_int64),
+        ("slots", ctypes.c_void_p),
+        ("num_slots", ctypes.c_int64),
+    ]
+
+
 class GGUFMatvec(ctypes.Structure):
     """`GGUFMatvec` in cpu/gguf_kernels.c: a GGUF layer's shards for the one-row product."""
 

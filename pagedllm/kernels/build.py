@@ -63,9 +63,9 @@ class Library:
 
 DENSE = Library(
     "dense",
-    ("attention_decode.c", "attention_prefill.c", "skinny_gemm.c", "llama_decode.c"),
-    (abi.StepArgs, abi.LayerArgs, abi.LlamaLayer, abi.LlamaModel),
-    "CPU kernels (paged attention, few-row products, the native decode body)",
+    ("attention_decode.c", "attention_prefill.c", "skinny_gemm.c", "bf16_gemm.c", "llama_decode.c"),
+    (abi.StepArgs, abi.LayerArgs, abi.LlamaLayer, abi.LlamaModel, abi.SegmentArgs),
+    "CPU kernels (paged attention, few-row and batch-invariant bf16 products, the native decode body)",
     "attention and decode steps use tensor ops and the compiled graphs, which are slower",
 )
 GGUF = Library(

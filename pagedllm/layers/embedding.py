@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedllm.distributed import parallel_state
+from pagedllm.layers import bf16_gemm
 from pagedllm.layers.linear import linear
 from pagedllm.layers.quant.base import set_weight_loader
 
@@ -104,14 +105,20 @@ class LogitsProcessor(nn.Module):
 
     The caller passes only the rows it needs (each request's last token, or prompt tokens for prompt
     logprobs), so the vocab-sized GEMM, the largest single matmul of a decode step for small models,
-    is never run for the other rows. Logits are float32 so sampling and logprobs are exact. Under
-    tensor parallelism every rank returns the whole (gathered) logits.
+    is never run for the other rows. Logits are float32 so sampling and logprobs are exact. A
+    bfloat16 head on a CPU with AVX512-BF16 computes them with the batch-invariant kernel
+    (`bf16_gemm`), in float32 throughout (not rounded to bfloat16 first): a row's logits are bitwise
+    the same whatever other rows are computed with it. Under tensor parallelism every rank returns
+    the whole (gathered) logits.
     """
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: torch.Tensor) -> torch.Tensor:
         if lm_head.quant_method is not None:
             return lm_head.quant_method.apply(lm_head, hidden_states).float()
-        logits = linear(hidden_states, lm_head.weight).float()
+        if bf16_gemm.serves(hidden_states, lm_head.weight):
+            logits = torch.ops.pagedllm.bf16_linear(hidden_states, lm_head.weight, None, True)
+        else:
+            logits = linear(hidden_states, lm_head.weight).float()
         if lm_head.tp_size == 1:
             return logits
         gathered = parallel_state.tensor_model_parallel_all_gather(logits, dim=-1)

@@ -12,13 +12,22 @@ from torch import nn
 
 
 class NativeDecoder(Protocol):
-    """`(input_ids, positions) -> hidden_states` of a step of decode rows only (at most `max_rows`
-    tokens: one sequence decoding, a few together, or one verifying its drafts), in one native call;
-    None where it cannot serve the step (then the compiled graphs run it)."""
+    """`(input_ids, positions) -> hidden_states` of a step of at most `max_rows` tokens (decode rows:
+    one sequence decoding, a few together, or one verifying its drafts; or every step), in one native
+    call; None where it cannot serve the step (then the compiled graphs run it)."""
 
     max_rows: int
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None: ...
+
+    def runs_every_step(self, bound: bool) -> bool:
+        """Whether it runs every step, prompts included (then no graph is needed); `bound`: decided with
+        the KV caches bound, else as far as the model tells."""
+        ...
+
+    def reserve(self, num_tokens: int) -> None:
+        """Allocate what a step of `num_tokens` tokens needs now (a memory profile sees it)."""
+        ...
 
     def release(self) -> None:
         """Drop every reference to the weights and KV caches (the next call binds them anew)."""

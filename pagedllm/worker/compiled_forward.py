@@ -50,7 +50,7 @@ from torch import nn
 
 from pagedllm.config.compilation import CompilationMode
 from pagedllm.config.utils import cache_root
-from pagedllm.layers import skinny_gemm
+from pagedllm.layers import bf16_gemm, skinny_gemm
 from pagedllm.models.interfaces import HasDecoderLayers, NativeDecoder, SupportsNativeDecode
 
 logger = logging.getLogger("pagedllm.compile")
@@ -167,8 +167,12 @@ class CompiledForward:
             )
         self._blocks = list(model.decoder_layers())
         # The LM head of a single row (one sequence decoding) is a matrix-vector product over the
-        # whole vocabulary: compiled, it streams the weight (see `pagedllm.layers.linear.linear`).
+        # whole vocabulary: compiled, it streams the weight (see `pagedllm.layers.linear.linear`). A
+        # bfloat16 head the batch-invariant kernel serves streams it already (and must: its rows are
+        # computed the same way at every row count), so it is not compiled.
         self._logits_fn: types.FunctionType = type(model).compute_logits
+        head = getattr(getattr(model, "lm_head", None), "weight", None)
+        self._compile_head = not (isinstance(head, torch.Tensor) and bf16_gemm.serves(head[:1], head))
         self._single_row_logits = self._compile(self._logits_fn)
         # `(model, hidden) -> logits` once compiled: the captured bytecode, else the compiled wrapper.
         self._single_row_call: Callable[..., torch.Tensor] | None = None
@@ -183,7 +187,7 @@ class CompiledForward:
             self.native.release()
 
     def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if hidden_states.shape[0] != 1:
+        if hidden_states.shape[0] != 1 or not self._compile_head:
             return self._logits_fn(self.model, hidden_states)
         if self._single_row_call is not None:
             return self._single_row_call(self.model, hidden_states)

@@ -102,10 +102,16 @@ class RunnerStartup:
         and sampling batch, to measure peak activation memory."""
         model = self._require_model()
         n = self.max_num_tokens
-        ids = torch.zeros(n, dtype=torch.int64, device=self.device)
-        positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
-        with set_forward_context(None):
-            hidden, _ = self._run_forward(ids, positions)
+        native = self._forward.native if isinstance(self._forward, CompiledForward) else None
+        if native is not None and native.runs_every_step(bound=False):
+            # The native body will run every step: its buffers are the activations (no graph compiled).
+            native.reserve(n)
+            hidden = torch.zeros(n, self.model_config.get_hidden_size(), dtype=self.dtype, device=self.device)
+        else:
+            ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+            positions = torch.arange(n, dtype=torch.int64, device=self.device) % self.max_model_len
+            with set_forward_context(None):
+                hidden, _ = self._run_forward(ids, positions)
         if self.pooling is not None or not get_pp_group().is_last_rank:
             return
         rows = min(self.max_num_reqs, n)
@@ -158,7 +164,11 @@ class RunnerStartup:
             return
         model = self._require_model()
         start, graphs = time.perf_counter(), forward.num_graphs
-        for n in forward.warm_up_sizes():
+        # Where the native body runs every step the graphs serve none: they compile only if a step
+        # ever needs them.
+        every_step = forward.native is not None and forward.native.runs_every_step(bound=True)
+        hidden = torch.zeros(1, self.model_config.get_hidden_size(), dtype=self.dtype, device=self.device)
+        for n in [] if every_step else forward.warm_up_sizes():
             ids = torch.zeros(n, dtype=torch.int64, device=self.device)
             positions = torch.arange(n, dtype=torch.int64, device=self.device)
             # With LoRA, the graphs of steps with and without adapters.

@@ -1,8 +1,10 @@
 """Speculative decoding through the offline stack on a tiny random Llama (float32, eager): greedy
 outputs and logprobs token-for-token identical to the engine without speculation for every method,
 with prefix caching on and off, forced preemption and several prefill chunk sizes; stop strings,
-n > 1 and seeds; the sampled output distribution matches the engine without speculation. And the
-runner alone, driving a scripted `Proposer` (no model)."""
+n > 1 and seeds; the sampled output distribution matches the engine without speculation. At the
+machine's default dtype and optimization level n-gram and suffix greedy outputs equal the plain
+engine's too (bitwise logprobs where that default is bfloat16 with the batch-invariant kernels). And
+the runner alone, driving a scripted `Proposer` (no model)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from distribution_check import same_distribution_pvalue
+from invariance import HEAD32, assert_same, choices
 from tiny_llm import make_tiny_llm
 
 from pagedllm import LLM, SamplingParams
@@ -303,3 +306,38 @@ def test_unknown_method_names_the_drafters() -> None:
     cfg = SimpleNamespace(speculative_config=SimpleNamespace(method="medusa"))
     with pytest.raises(ValueError, match="method='medusa' has no drafter.*ngram"):
         make_proposer(cfg, None)  # type: ignore[arg-type]
+
+
+def test_greedy_identical_to_plain_at_the_default_dtype(tmp_path: Path) -> None:
+    """bfloat16 where `dtype=auto` picks it: verification rows are computed as decode rows are, so
+    the drafts cannot change the output (they did on 1 of 4 prompts before the batch-invariant
+    kernels)."""
+    # (Seed 1: a model whose greedy outputs repeat enough for drafts to be accepted.)
+    model = make_tiny_llm(tmp_path / "tiny_llm", seed=1, **HEAD32)
+
+    def llm(**kwargs: Any) -> LLM:
+        cache = {"cache_dir": str(tmp_path / "compile-cache")}
+        return LLM(model=str(model), max_model_len=256, compilation_config=cache, **kwargs)
+
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, logprobs=2)
+    want = choices(_run(llm(), params))
+    for method, spec in SPECS.items():
+        engine = llm(speculative_config=spec)
+        drafted = _counting_drafts(engine)
+        assert_same(choices(_run(engine, params)), want)
+        # A verification step's rows give the output whether its drafts are accepted or not.
+        assert drafted[0] > 0, f"{method}: nothing drafted, the test would not exercise verification"
+
+
+def _counting_drafts(llm: LLM) -> list[int]:
+    """[drafted tokens], counted over the engine's steps from now on."""
+    drafted = [0]
+    original_step = llm.llm_engine.step
+
+    def step() -> Any:
+        out = original_step()
+        drafted[0] += _accepted(llm)[0]
+        return out
+
+    llm.llm_engine.step = step  # type: ignore[method-assign]
+    return drafted

@@ -179,16 +179,24 @@ class DecodeLayout:
         self.pointer = ctypes.pointer(self.args)
         lib = kernel()
         self.fn = getattr(lib, f"decode_layer_{_SUFFIXES[self.dtype]}")
-        # The prompt kernel: bfloat16 on an AVX512-BF16 CPU, head pairs in whole vectors, 16-key
-        # chunks within a block, a group's heads within one tile (cpu_prefill.c).
-        serves_prompts = (
-            kv_cache.dtype == torch.bfloat16
-            and bool(lib.prefill_supported())
-            and head_size % 32 == 0
-            and block_size % LANES == 0
-            and num_heads // num_kv_heads <= PREFILL_TILE
-        )
-        self.prefill_fn = lib.prefill_layer_bf16 if serves_prompts else None
+        serves = prompt_kernel_serves(head_size, num_heads // num_kv_heads, block_size, kv_cache.dtype)
+        self.prefill_fn = lib.prefill_layer_bf16 if serves else None
+
+
+def prompt_kernel_serves(
+    head_size: int, group: int, block_size: int = LANES, cache_dtype: torch.dtype = torch.bfloat16
+) -> bool:
+    """Whether the prompt kernel (cpu_prefill.c) serves a layout: a bfloat16 cache on an AVX512-BF16
+    CPU, head pairs in whole vectors, 16-key chunks within a block, a group's heads within one tile."""
+    lib = kernel()
+    return (
+        lib is not None
+        and cache_dtype == torch.bfloat16
+        and bool(lib.prefill_supported())
+        and head_size % 32 == 0
+        and block_size % LANES == 0
+        and group <= PREFILL_TILE
+    )
 
 
 def decode_layer(

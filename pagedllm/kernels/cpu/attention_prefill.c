@@ -225,7 +225,7 @@ int prefill_supported(void) { return 1; }
 #else
 int prefill_layer_bf16(const void *q, int64_t q_stride, void *cache, void *out, int64_t out_stride,
                        const int32_t *tables, int64_t table_stride, const int64_t *segs, int64_t num_segs,
-                       const void *l) {
+                       const LayerArgs *l) {
     return -1;
 }
 

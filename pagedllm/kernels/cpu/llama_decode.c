@@ -1,8 +1,17 @@
-/* The decode tokens of a step (1 to MAX_ROWS: one sequence decoding, a few decoding together, or one
- * request verifying its drafts) of a Llama-family model from their token ids to their final hidden
- * states, in one call: float32 weights (AVX-512, or AVX2 + FMA matrix-vector products) or bfloat16 ones
- * (AVX512-BF16), quantized projections through their own kernels' matrix-vector entries, the paged
- * attention kernel of attention_decode.c.
+/* The tokens of a step of a Llama-family model from their token ids to their final hidden states, in
+ * one call: float32 weights (AVX-512, or AVX2 + FMA matrix-vector products) or bfloat16 ones
+ * (AVX512-BF16), quantized projections through their own kernels' matrix-vector entries. Two kinds of
+ * step:
+ * - decode rows (1 to MAX_ROWS: one sequence decoding, a few decoding together, or one request
+ *   verifying its drafts), attended by the paged decode kernel of attention_decode.c (`decode_step_*`);
+ * - any step at all of a bfloat16 model with dense weights (`model_step_bf16`): prompts, chunks,
+ *   decode rows and verification rows together, each request a segment of the prompt-attention kernel
+ *   (attention_prefill.c), the products bf16_gemm.c's. Every routine then computes a token the same way
+ *   whatever else the step holds: products, norms, rotation and activation row by row, attention query
+ *   by query over 16-key groups from the first key. A token's hidden states (and its keys and values
+ *   in the cache) are bitwise the same in a prompt, a prefix-cache hit's short tail, a decode step
+ *   alone or in any batch, and a verification step: the batch invariance seeded sampling, greedy
+ *   streaming and speculative decoding rely on.
  *
  * A decode step of a few tokens reads every weight once: it is bound by memory bandwidth, and
  * through compiled graphs it also pays, per layer, the Python of a graph call, its buffer
@@ -10,10 +19,10 @@
  * Here a layer is four products (one parallel loop each, every weight row read start to end so each
  * thread streams one contiguous range) and a few vector operations between them. The embedding row
  * and the final norm are here too: after the weights streamed through every cache, the dozen tensor
- * ops they took in Python cost cache misses every step. One token's products are
+ * ops they took in Python cost cache misses every step. One float32 token's products are
  * matrix-vector products; several tokens' are skinny_gemm.c's few-row products (each weight row
  * loaded once for every token), the kernel the graphs call for those shapes, so a token's result is
- * the same here as there.
+ * the same here as there. bfloat16 products are bf16_gemm.c's at every row count.
  *
  * A quantized projection (GGUF blocks, AWQ/GPTQ int4, fp8) is not read here: its linear method
  * declares a `MatvecFn` of its own kernel library and a descriptor of its weight, called with the
@@ -29,6 +38,7 @@
  * calls) by kernels/build.py; bindings: models/native/llama_decode.py.
  */
 #include "attention.h"
+#include "bf16_gemm.h"
 #include "skinny_gemm.h"
 #include "vec.h"
 
@@ -89,16 +99,6 @@ INLINE __m512 dot_f32(__m512 acc, const float *w, const float *x, int64_t n) {
 }
 #endif
 
-#if HAVE_BF16
-/* acc + the pairwise products of the 32 bfloat16 at `w` and `x` (the first `n` of them). */
-INLINE __m512 dot_pairs(__m512 acc, const uint16_t *w, const uint16_t *x, int64_t n) {
-    if (n >= 32)
-        return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(w), (__m512bh)_mm512_loadu_si512(x));
-    const __mmask32 m = (__mmask32)((1ull << n) - 1);
-    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(m, w), (__m512bh)_mm512_maskz_loadu_epi16(m, x));
-}
-#endif
-
 #ifdef F32_AVX2
 /* sum_i w_i x_i of k floats: four accumulators (the FMAs do not wait on each other), a scalar tail. */
 INLINE float row_dot_avx2(const float *w, const float *x, int64_t k) {
@@ -127,12 +127,12 @@ INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int6
     }
 }
 #elif HAVE_F32
-/* y = W x (+ bias, if not NULL) rounded to the element type once, as a linear layer rounds: W [n, k]
- * row-major. Rows go 16 to a work item, each row read start to end (the hardware prefetcher follows
- * one stream per thread), two accumulators per row; the 16 rows' lane sums come out of one
- * transpose-sum. */
+/* y = W x (+ bias, if not NULL) for float32 weights: W [n, k] row-major. Rows go 16 to a work item,
+ * each row read start to end (the hardware prefetcher follows one stream per thread), two accumulators
+ * per row; the 16 rows' lane sums come out of one transpose-sum. */
 INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int64_t n, int64_t k, const int bf16) {
-    const int64_t tiles = (n + LANES - 1) / LANES, step = bf16 ? 32 : 16;
+    (void)bf16; /* float32 only: bfloat16 products are bf16_gemm's */
+    const int64_t tiles = (n + LANES - 1) / LANES, step = 16;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t rows = n - t * LANES < LANES ? n - t * LANES : LANES;
@@ -140,24 +140,16 @@ INLINE void matvec(const void *W, const void *bias, const void *x, void *y, int6
         for (int64_t r = 0; r < LANES; r++) {
             __m512 a0 = _mm512_setzero_ps(), a1 = a0;
             for (int64_t c = 0; r < rows && c < k; c += 2 * step) {
-                if (bf16) {
-#if HAVE_BF16
-                    const uint16_t *row = (const uint16_t *)W + (t * LANES + r) * k, *xs = x;
-                    a0 = dot_pairs(a0, row + c, xs + c, k - c);
-                    if (c + step < k) a1 = dot_pairs(a1, row + c + step, xs + c + step, k - c - step);
-#endif
-                } else {
-                    const float *row = (const float *)W + (t * LANES + r) * k, *xs = x;
-                    a0 = dot_f32(a0, row + c, xs + c, k - c);
-                    if (c + step < k) a1 = dot_f32(a1, row + c + step, xs + c + step, k - c - step);
-                }
+                const float *row = (const float *)W + (t * LANES + r) * k, *xs = x;
+                a0 = dot_f32(a0, row + c, xs + c, k - c);
+                if (c + step < k) a1 = dot_f32(a1, row + c + step, xs + c + step, k - c - step);
             }
             const __m512 s = _mm512_add_ps(a0, a1);
             memcpy(&acc[r], &s, sizeof s);
         }
         const vec sums = reduce_lanes(acc, 0);
         for (int64_t r = 0; r < rows; r++)
-            store_elem(y, t * LANES + r, bias ? sums[r] + load_elem(bias, t * LANES + r, bf16) : sums[r], bf16);
+            store_elem(y, t * LANES + r, bias ? sums[r] + load_elem(bias, t * LANES + r, 0) : sums[r], 0);
     }
 }
 #endif
@@ -225,14 +217,13 @@ INLINE int project(const LlamaLayer *layer, int p, const void *W, const void *bi
                    int64_t rows, int64_t n, int64_t k, float *xf, float *yf, const int bf16) {
     const int64_t elem = bf16 ? 2 : 4;
     if (!layer->fns[p]) {
+        if (bf16) return bf16_gemm(x, k, W, bias, y, rows, n, k, 0) ? -3 : 0;
 #if HAVE_F32
-        if (bf16 ? HAVE_BF16 : HAVE_F32) {
-            if (rows == 1) {
-                matvec(W, bias, x, y, n, k, bf16);
-                return 0;
-            }
-            return bf16 ? skinny_gemm_bf16(x, k, W, bias, y, rows, n, k) : skinny_gemm_f32(x, k, W, bias, y, rows, n, k);
+        if (rows == 1) {
+            matvec(W, bias, x, y, n, k, 0);
+            return 0;
         }
+        return skinny_gemm_f32(x, k, W, bias, y, rows, n, k);
 #endif
         return -3;
     }
@@ -254,10 +245,40 @@ INLINE int project(const LlamaLayer *layer, int p, const void *W, const void *bi
     return 0;
 }
 
+/* A whole step as segments of the prompt-attention kernel (`model_step_bf16`): the block tables (int32,
+ * rows of table_stride), per request (segs[4 i ..]) its first row in the step, its rows, its tokens
+ * cached before them and its block-table row, and the cache slot of each of the step's tokens. */
+typedef struct {
+    const int32_t *tables;
+    int64_t table_stride;
+    const int64_t *segs;
+    int64_t num_segs;
+    const int64_t *slots;
+    int64_t num_slots;
+} SegmentArgs;
+
+EXPORT_SIZE(SegmentArgs)
+
+/* One layer's attention of a step given as segments: the step's keys and values (parts of each token's
+ * fused qkv row) stored first, then every segment's queries over its keys, as a prompt's are. */
+static int attend_segments(const char *qkv, int64_t qkv_size, int64_t q_size, int64_t kv_size, void *cache,
+                           void *out, int64_t out_stride, const SegmentArgs *s, const LayerArgs *l) {
+    if (l->cache_type != BF16) return -1;
+    const int status = write_kv_bf16(qkv + q_size * 2, qkv_size, qkv + (q_size + kv_size) * 2, qkv_size, cache,
+                                     (char *)cache + l->v_offset * 2, s->slots, s->num_slots, l->num_kv_heads,
+                                     l->block_size, l->head_size, BF16, NULL);
+    return status ? status
+                  : prefill_layer_bf16(qkv, qkv_size, cache, out, out_stride, s->tables, s->table_stride, s->segs,
+                                       s->num_segs, l);
+}
+
+/* Steps of more than MAX_ROWS tokens (segment steps only) split their per-row loops across threads. */
+#define PARALLEL_ROWS _Pragma("omp parallel for if (rows > MAX_ROWS)")
+
 INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t *positions, int64_t rows,
                        const float *cos_sin, int64_t rotary_rows, void *out, float *floats, void *scratch,
-                       const StepArgs *step, const LayerArgs *attn, const int bf16) {
-    if (rows < 1 || rows > MAX_ROWS) return -7;
+                       const StepArgs *step, const SegmentArgs *segs, const LayerArgs *attn, const int bf16) {
+    if (rows < 1 || (!segs && rows > MAX_ROWS)) return -7;
     for (int64_t r = 0; r < rows; r++) {
         if (tokens[r] < 0 || tokens[r] >= m->vocab) return -4;
         if (positions[r] < 0 || positions[r] >= rotary_rows) return -5;
@@ -277,10 +298,12 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t
     for (int64_t i = 0; i < rows * H; i++) residual[i] = load_elem(h, i, bf16);
     for (int64_t l = 0; l < m->num_layers; l++) {
         const LlamaLayer *layer = m->layers + l;
+        PARALLEL_ROWS
         for (int64_t r = 0; r < rows; r++)
             add_rms_norm(residual + r * H, h + r * H * elem, layer->input_norm, x + r * H * elem, H, m->eps, l > 0, bf16);
         int status = project(layer, 0, layer->qkv, layer->qkv_bias, x, qkv, rows, qkv_size, H, xf, yf, bf16);
         if (status) return status;
+        PARALLEL_ROWS
         for (int64_t r = 0; r < rows; r++) {
             char *row = qkv + r * qkv_size * elem;
             if (layer->q_norm) {
@@ -291,19 +314,26 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t
         }
         /* q, k and v are the three parts of each token's fused qkv row. The caches hold the weights'
          * type (llama_decode.py binds no fp8 cache, whose per-layer scales this table lacks). */
-        status = (bf16 ? decode_layer_bf16 : decode_layer_f32)(qkv, qkv_size, qkv + q_size * elem, qkv_size,
-                                                               qkv + (q_size + kv_size) * elem, qkv_size,
-                                                               layer->kv_cache, NULL, attn_out, q_size, step, attn);
+        if (segs)
+            status = attend_segments(qkv, qkv_size, q_size, kv_size, layer->kv_cache, attn_out, q_size, segs, attn);
+        else
+            status = (bf16 ? decode_layer_bf16 : decode_layer_f32)(qkv, qkv_size, qkv + q_size * elem, qkv_size,
+                                                                   qkv + (q_size + kv_size) * elem, qkv_size,
+                                                                   layer->kv_cache, NULL, attn_out, q_size, step,
+                                                                   attn);
         if (status) return status;
         if ((status = project(layer, 1, layer->o, layer->o_bias, attn_out, h, rows, H, q_size, xf, yf, bf16)))
             return status;
+        PARALLEL_ROWS
         for (int64_t r = 0; r < rows; r++)
             add_rms_norm(residual + r * H, h + r * H * elem, layer->post_norm, x + r * H * elem, H, m->eps, 1, bf16);
         if ((status = project(layer, 2, layer->gate_up, layer->gate_up_bias, x, gate_up, rows, 2 * I, H, xf, yf, bf16)))
             return status;
+        PARALLEL_ROWS
         for (int64_t r = 0; r < rows; r++) silu_and_mul(gate_up + r * 2 * I * elem, act + r * I * elem, I, bf16);
         if ((status = project(layer, 3, layer->down, layer->down_bias, act, h, rows, H, I, xf, yf, bf16))) return status;
     }
+    PARALLEL_ROWS
     for (int64_t r = 0; r < rows; r++)
         add_rms_norm(residual + r * H, h + r * H * elem, m->final_norm, (char *)out + r * H * elem, H, m->eps, 1, bf16);
     return 0;
@@ -326,8 +356,20 @@ INLINE int decode_step(const LlamaModel *m, const int64_t *tokens, const int64_t
              const float *cos_sin, int64_t rotary_rows, void *out, float *floats, void *scratch,              \
              const StepArgs *step, const LayerArgs *attn) {                                                   \
         return decode_step(m, tokens, positions, rows, cos_sin, rotary_rows, out, floats, scratch, step,     \
-                           attn, BF16);                                                                       \
+                           NULL, attn, BF16);                                                                 \
     }
 
 EXPORT_STEP(decode_step_f32, 0)
 EXPORT_STEP(decode_step_bf16, 1)
+
+/* A whole step of a bfloat16 model whose projections are all dense (no `fns`), `rows` tokens (any
+ * number: scratch and floats sized for them as above), the attention of every request a segment of
+ * the prompt-attention kernel (its layout must serve it: prefill_layer_bf16's shapes, a bfloat16
+ * cache). Same arguments and statuses as decode_step_*, the decode rows replaced by `segs`; -1 where
+ * this build has no AVX512-BF16 or the attention shapes are not served. */
+int model_step_bf16(const LlamaModel *m, const int64_t *tokens, const int64_t *positions, int64_t rows,
+                    const float *cos_sin, int64_t rotary_rows, void *out, float *floats, void *scratch,
+                    const SegmentArgs *segs, const LayerArgs *attn) {
+    if (!HAVE_BF16) return -1;
+    return decode_step(m, tokens, positions, rows, cos_sin, rotary_rows, out, floats, scratch, NULL, segs, attn, 1);
+}

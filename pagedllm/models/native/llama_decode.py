@@ -1,17 +1,23 @@
-"""Decode steps of Llama-family models in one native call (kernels/cpu/llama_decode.c, in the dense
-kernel library), the C mirror of
-`pagedllm.models.llama`.
+"""Steps of Llama-family models in one native call (kernels/cpu/llama_decode.c, in the dense kernel
+library), the C mirror of `pagedllm.models.llama`.
 
 A step of a few decode tokens (one sequence decoding, a few decoding together, or one request
 verifying its drafted tokens) is bound by reading every weight once. Through the compiled
 decoder-block graphs it also pays per layer the Python of a graph call, its buffer allocations and the
 attention op's dispatch; `LlamaNativeDecoder` instead runs the whole model body in one C call, from the
-tokens' embedding rows through every decoder layer (matrix-vector products for one token, the
+tokens' embedding rows through every decoder layer (matrix-vector products for one float32 token, the
 few-row products of `pagedllm.layers.skinny_gemm` for several, the paged attention kernel) to the final
 norm. `LlamaForCausalLM` (and the architectures built on it) declares this path (`native_decoder()`),
 and `CompiledForward` uses it for steps of decode rows only (at most `max_rows` tokens, each request's
 at most `MAX_DECODE_QUERY_LEN`) where `for_model` accepts the loaded model; every other step runs the
 graphs.
+
+A bfloat16 model with dense weights on an AVX512-BF16 CPU, whose attention layout the prompt kernel
+serves, runs every step here instead (`every_step`: prompts, chunks, decode and verification rows
+alike, each request a segment of the prompt-attention kernel, every product `pagedllm.layers.bf16_gemm`'s):
+each token is computed the same way whatever else its step holds, so a request's tokens and logprobs
+do not depend on its batch, its prompt's chunking or prefix-cache hits, or speculation (README:
+Reproducibility). No graph is compiled for such a model unless a step declines this path (LoRA).
 
 Accepted: the Llama model's layers (Llama, SmolLM2, Mistral with or without a sliding window, Qwen2
 with its q/k/v biases, Qwen3 with its per-head q/k norms) on one tensor-parallel rank, whose
@@ -36,16 +42,19 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import sys
 
+import numpy as np
 import torch
 from torch import nn
 
+from pagedllm.attention.backend import AttentionMetadata
 from pagedllm.attention.backends import cpu_decode
 from pagedllm.attention.backends.torch_paged import TorchPagedAttentionImpl, native_decode_step
 from pagedllm.forward_context import get_forward_context
 from pagedllm.kernels import build
-from pagedllm.kernels.abi import LlamaLayer, LlamaModel
-from pagedllm.layers import skinny_gemm
+from pagedllm.kernels.abi import LlamaLayer, LlamaModel, SegmentArgs
+from pagedllm.layers import bf16_gemm, skinny_gemm
 from pagedllm.layers.linear import LinearBase
 from pagedllm.layers.norm import RMSNorm
 from pagedllm.layers.quant.base import NativeMatvec
@@ -54,6 +63,9 @@ from pagedllm.layers.rotary import RotaryEmbedding
 logger = logging.getLogger("pagedllm.compile")
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_STEP_ARGTYPES = (
+    [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5
+)
 
 
 @functools.cache
@@ -62,11 +74,8 @@ def _library() -> ctypes.CDLL | None:
     if loaded is None:
         return None
     lib = loaded.cdll
-    for suffix in _DTYPES.values():
-        fn = getattr(lib, f"decode_step_{suffix}")
-        fn.argtypes = (
-            [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 5
-        )
+    for fn in (*(getattr(lib, f"decode_step_{suffix}") for suffix in _DTYPES.values()), lib.model_step_bf16):
+        fn.argtypes = _STEP_ARGTYPES
         fn.restype = ctypes.c_int
     return lib
 
@@ -123,12 +132,15 @@ def _unsupported(model: nn.Module) -> str | None:
 
 
 class LlamaNativeDecoder:
-    """`(input_ids, positions) -> hidden_states` for a step of at most `max_rows` decode tokens."""
+    """`(input_ids, positions) -> hidden_states` for a step of at most `max_rows` decode tokens, or of
+    any tokens at all (`every_step`)."""
 
     def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
         self.model = model.model  # type: ignore[union-attr]
         self.dtype = dtype
-        self.fn = getattr(_library(), f"decode_step_{_DTYPES[dtype]}")
+        lib = _library()
+        self.fn = getattr(lib, f"decode_step_{_DTYPES[dtype]}")
+        self.step_fn = lib.model_step_bf16  # type: ignore[union-attr]
         layers = self.model.layers
         first = layers[0].self_attn
         config = model.config  # type: ignore[union-attr]
@@ -140,18 +152,28 @@ class LlamaNativeDecoder:
         self.intermediate_size = config.intermediate_size
         q_size, qkv_size = first.q_size, first.q_size + 2 * first.kv_size
         # The residual stream, then a quantized projection's float input and output.
-        widest_in = max(self.hidden_size, q_size, self.intermediate_size)
-        widest_out = max(self.hidden_size, qkv_size, 2 * self.intermediate_size)
+        self._fixed_floats = max(self.hidden_size, q_size, self.intermediate_size) + max(
+            self.hidden_size, qkv_size, 2 * self.intermediate_size
+        )
+        self._row_scratch = 2 * self.hidden_size + qkv_size + q_size + 3 * self.intermediate_size
         # Quantized products read their weights once per token: several tokens' steps go to the graphs.
         dense = all(
             m.quant_method.dense_weight(m) is not None for layer in layers for m in _projections(layer)
         )
-        self.max_rows = skinny_gemm.MAX_ROWS if dense else 1
-        rows = self.max_rows
-        self.floats = torch.empty(rows * self.hidden_size + widest_in + widest_out, dtype=torch.float32)
-        self.scratch = torch.empty(
-            rows * (2 * self.hidden_size + qkv_size + q_size + 3 * self.intermediate_size), dtype=dtype
+        self.decode_rows = skinny_gemm.MAX_ROWS if dense else 1
+        # A bfloat16 model with dense weights runs every step here (`model_step_bf16`), each token the
+        # same way whatever the step holds (batch invariance), where its attention layout lets the
+        # prompt kernel serve every request (the cache's block size and dtype checked when bound).
+        self.every_step = (
+            dense
+            and dtype == torch.bfloat16
+            and bf16_gemm.available()
+            and cpu_decode.prompt_kernel_serves(self.head_size, self.num_heads // self.num_kv_heads)
         )
+        self.max_rows = sys.maxsize if self.every_step else self.decode_rows
+        self.floats = torch.empty(0, dtype=torch.float32)
+        self.scratch = torch.empty(0, dtype=dtype)
+        self._reserve(self.decode_rows)
         # Built at the first step (the KV caches are bound after the model is loaded).
         self._cache: torch.Tensor | None = None
         self._tensors: list[object] = []
@@ -176,6 +198,20 @@ class LlamaNativeDecoder:
             "single-sequence decode steps run natively (one call from the embedding to the final norm)"
         )
         return cls(model, dtype)
+
+    def runs_every_step(self, bound: bool) -> bool:
+        return self.every_step and self.lora_state is None and (not bound or self._bind())
+
+    def reserve(self, num_tokens: int) -> None:
+        self._reserve(min(num_tokens, self.max_rows))
+
+    def _reserve(self, rows: int) -> None:
+        """Scratch for steps of up to `rows` tokens (kept for later steps: grown, never shrunk)."""
+        floats = rows * self.hidden_size + self._fixed_floats
+        if self.floats.numel() < floats:
+            self.floats = torch.empty(floats, dtype=torch.float32)
+        if self.scratch.numel() < rows * self._row_scratch:
+            self.scratch = torch.empty(rows * self._row_scratch, dtype=self.dtype)
 
     def release(self) -> None:
         self._cache, self._layout, self._layers, self._model = None, None, None, None
@@ -246,6 +282,11 @@ class LlamaNativeDecoder:
         layout = self.model.layers[0].self_attn.attn.impl.native_layout(probe, kv_probe, kv_probe, cache)
         if not isinstance(layout, cpu_decode.DecodeLayout):
             return False
+        if self.every_step and layout.prefill_fn is None:
+            logger.info(
+                "steps with prompts run the compiled graphs: the prompt kernel does not serve this layout"
+            )
+            self.every_step, self.max_rows = False, self.decode_rows
         # Kept alive with the table of their addresses.
         self._tensors = [*present, *(p for ps in products for p in ps if p is not None)]
         self._layers = (LlamaLayer * len(rows))(
@@ -275,10 +316,9 @@ class LlamaNativeDecoder:
         return True
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | None:
-        """The final hidden states of a step of decode rows only (at most `max_rows` tokens), or None
-        where it runs the graphs: a step with a prompt, without attention metadata (a warm-up or
-        profiling run), with caches the attention kernel cannot serve, or when a token of the step runs
-        a LoRA adapter."""
+        """The final hidden states of the step's tokens, or None where it runs the graphs: a step with a
+        prompt (unless `every_step`), without attention metadata (a warm-up or profiling run), with
+        caches the attention kernel cannot serve, or when a token of the step runs a LoRA adapter."""
         rows = input_ids.shape[0]
         md = get_forward_context().attn_metadata
         if (
@@ -286,11 +326,15 @@ class LlamaNativeDecoder:
             or md is None
             or any(m.adds_to_base() for m in self.projection_methods)
             or not self._bind()
+            or rows > self.max_rows  # (binding may have found the prompt kernel unfit)
         ):
             return None
         assert self._cache is not None and self._layout is not None
-        step = native_decode_step(md, self._cache.shape[3], self.window)
-        if step is None:  # a prompt longer than a decode row's few tokens
+        fn, step = self.fn, native_decode_step(md, self._cache.shape[3], self.window)
+        if self.every_step:
+            fn, step = self.step_fn, _Segments(md, rows)
+            self._reserve(rows)
+        elif step is None:  # a prompt longer than a decode row's few tokens
             return None
         if input_ids.dtype != torch.int64 or positions.dtype != torch.int64:
             raise TypeError(
@@ -304,7 +348,7 @@ class LlamaNativeDecoder:
             )
         else:
             hidden = torch.empty(rows, self.hidden_size, dtype=self.dtype)
-        status = self.fn(
+        status = fn(
             ctypes.byref(self._model),
             input_ids.data_ptr(),
             positions.data_ptr(),
@@ -328,3 +372,33 @@ class LlamaNativeDecoder:
         if status != 0:
             raise RuntimeError(f"native decode rejected the model's shapes (status {status})")
         return hidden
+
+
+class _Segments:
+    """A step's requests as segments of the prompt-attention kernel (`SegmentArgs`), with the tensors
+    its addresses point into."""
+
+    def __init__(self, md: AttentionMetadata, rows: int) -> None:
+        n = md.num_reqs
+        qsl = np.asarray(_host(md.query_start_loc_cpu, md.query_start_loc), dtype=np.int64)[: n + 1]
+        seq = np.asarray(_host(md.seq_lens_cpu, md.seq_lens), dtype=np.int64)[:n]
+        q_lens = np.diff(qsl)
+        # Per request: first row, rows, tokens cached before them, block-table row.
+        self.segs = torch.from_numpy(np.stack([qsl[:-1], q_lens, seq - q_lens, np.arange(n)], axis=1))
+        self.tables = md.block_tables
+        self.slots = md.slot_mapping[:rows].contiguous()
+        if self.tables.dtype != torch.int32 or self.tables.stride(1) != 1 or self.slots.dtype != torch.int64:
+            raise ValueError("block tables must be int32 with contiguous rows, slots int64")
+        self.args = SegmentArgs(
+            self.tables.data_ptr(),
+            self.tables.stride(0),
+            self.segs.data_ptr(),
+            n,
+            self.slots.data_ptr(),
+            rows,
+        )
+        self.pointer = ctypes.pointer(self.args)
+
+
+def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
+    return values if values is not None else tensor.tolist()

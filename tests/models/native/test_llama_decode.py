@@ -1,7 +1,8 @@
-"""The native single-sequence decode path: every decode step's greedy pick and logprob against
-transformers on the same tokens (as the compiled graphs it replaces), with odd matrix shapes, a
-sliding window, biases on every projection and per-head q/k norms; models it cannot run keep the
-graphs."""
+"""The native decode path: every decode step's greedy pick and logprob against transformers on the
+same tokens (as the compiled graphs it replaces), with odd matrix shapes, a sliding window, biases on
+every projection and per-head q/k norms; models it cannot run keep the graphs. A bfloat16 model the
+prompt kernel serves runs every step natively, and a token's logprob is bitwise the same computed in
+a whole prompt, in prompt chunks, as a decode row alone and beside other requests."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from runner_driver import RunnerDriver, make_config  # noqa: E402
 from pagedllm.config import CompilationConfig, EngineConfig  # noqa: E402
 from pagedllm.config.model import ModelConfig  # noqa: E402
 from pagedllm.kernels.abi import LlamaModel  # noqa: E402
+from pagedllm.layers import bf16_gemm  # noqa: E402
 from pagedllm.layers.linear import LinearBase  # noqa: E402
 from pagedllm.layers.quant import LinearMethodBase  # noqa: E402
 from pagedllm.models import load_model  # noqa: E402
@@ -34,6 +36,10 @@ from pagedllm.worker.model_runner import ModelRunner  # noqa: E402
 needs_native = pytest.mark.skipif(
     not llama_decode.supports_dtype(torch.bfloat16),
     reason="the native decode path of bfloat16 weights needs a C compiler and AVX512-BF16",
+)
+needs_every_step = pytest.mark.skipif(
+    not llama_decode.supports_dtype(torch.bfloat16) or not bf16_gemm.available(),
+    reason="the native body of every step needs a C compiler and AVX512-BF16",
 )
 needs_native_f32 = pytest.mark.skipif(
     not llama_decode.supports_dtype(torch.float32),
@@ -52,6 +58,9 @@ _BASE: dict[str, Any] = dict(
 _ODD: dict[str, Any] = dict(
     hidden_size=80, intermediate_size=140, num_attention_heads=5, num_key_value_heads=1, head_dim=16
 )
+# Heads of 32 (pairs in whole vectors): the prompt kernel serves them, so bfloat16 runs every step
+# natively; widths with tails in every product.
+_HEAD32: dict[str, Any] = dict(hidden_size=96, intermediate_size=200, head_dim=32)
 MODELS: dict[str, tuple[type, Any]] = {
     "llama-odd-widths": (transformers.LlamaForCausalLM, transformers.LlamaConfig(**_BASE, **_ODD)),
     "llama-gqa-mlp-bias": (
@@ -68,6 +77,22 @@ MODELS: dict[str, tuple[type, Any]] = {
     "mistral-window12": (
         transformers.MistralForCausalLM,
         transformers.MistralConfig(**_BASE, **_ODD, sliding_window=12),
+    ),
+    "llama-head32": (
+        transformers.LlamaForCausalLM,
+        transformers.LlamaConfig(**_BASE, **_HEAD32, num_attention_heads=3, num_key_value_heads=1),
+    ),
+    "mistral-head32-window12": (
+        transformers.MistralForCausalLM,
+        transformers.MistralConfig(
+            **_BASE, **_HEAD32, num_attention_heads=4, num_key_value_heads=2, sliding_window=12
+        ),
+    ),
+    "qwen3-head32-bias": (
+        transformers.Qwen3ForCausalLM,
+        transformers.Qwen3Config(
+            **_BASE, **_HEAD32, num_attention_heads=3, num_key_value_heads=1, attention_bias=True
+        ),
     ),
     # q/k/v biases.
     "qwen2": (transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**_BASE, **_ODD)),
@@ -110,6 +135,20 @@ def _runner(model_dir: Path, tmp_path: Path, dtype: str = "bfloat16") -> ModelRu
     return runner
 
 
+def _count_served(mp: pytest.MonkeyPatch, native: Any) -> list[bool]:
+    """Whether each call of the native path served its step (True) or left it to the graphs."""
+    served: list[bool] = []
+    original_call = type(native).__call__
+
+    def counting(self: Any, *args: Any) -> Any:
+        out = original_call(self, *args)
+        served.append(out is not None)
+        return out
+
+    mp.setattr(type(native), "__call__", counting)
+    return served
+
+
 def _generate(
     runner: ModelRunner, req_id: str = "a", prompt: list[int] = PROMPT
 ) -> tuple[list[int], list[float]]:
@@ -134,19 +173,12 @@ def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Pat
     forward = runner._forward
     assert isinstance(forward, CompiledForward) and forward.native is not None
     native = forward.native
-    served = []
-    original_call = type(native).__call__
-
-    def counting(self: Any, *args: Any) -> Any:
-        out = original_call(self, *args)
-        served.append(out is not None)
-        return out
-
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(type(native), "__call__", counting)
+        served = _count_served(mp, native)
         tokens, logprobs = _generate(runner)
-    # Every one-token step (all but the prompt's) ran natively.
-    assert served == [True] * (MAX_TOKENS - 1)
+    # Every one-token step ran natively, and the prompt's too where the native body runs every step.
+    steps = MAX_TOKENS if native.every_step else MAX_TOKENS - 1
+    assert served == [True] * steps
 
     # bfloat16 rounding differs between implementations, and random tiny models have near-ties it
     # can flip, after which two greedy runs part ways: each run is checked against transformers
@@ -155,12 +187,11 @@ def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Pat
     _check_against_reference(model_dir, tokens, logprobs)
     # New caches (bound to every layer anew): the native path follows them.
     runner.initialize_kv_cache(64)
-    served.clear()
     other = PROMPT[::-1]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(type(native), "__call__", counting)
+        served = _count_served(mp, native)
         _check_against_reference(model_dir, *_generate(runner, "c", other), prompt=other)
-    assert served == [True] * (MAX_TOKENS - 1)
+    assert served == [True] * steps
     forward.native = None
     _check_against_reference(model_dir, *_generate(runner, "b"))  # the graphs pass the same bar
 
@@ -217,6 +248,60 @@ def test_several_sequences_decode_in_one_native_call(name: str, dtype: str, tmp_
             if lp is not None and out.req_ids[i] == req_id
         ]
         _check_against_reference(model_dir, tokens[req_id], logprobs, prompt=prompt)
+
+
+
+def _logprobs_of(driver: RunnerDriver, req_id: str) -> list[float]:
+    """The logprob of each token sampled for `req_id`, in order."""
+    return [
+        lp.logprobs[0][0]
+        for out in driver.outputs
+        for i, lp in enumerate(out.logprobs or [])
+        if lp is not None and out.req_ids[i] == req_id
+    ]
+
+
+@needs_every_step
+@pytest.mark.parametrize("name", ["llama-head32", "mistral-head32-window12", "qwen3-head32-bias"])
+def test_a_token_is_computed_the_same_in_any_step(name: str, tmp_path: Path) -> None:
+    """Every step runs in the native body, and a token's logprob is bitwise the same whether it was
+    decoded alone, decoded beside other requests (prompt chunks and decode rows in the same steps),
+    or scored as a prompt token: in one whole prompt or in chunks of a few tokens (each a short
+    segment, as a prefix-cache hit's tail is)."""
+    model_dir = _save(name, tmp_path / name)
+    runner = _runner(model_dir, tmp_path)
+    native = runner._forward.native
+    assert native is not None and native.every_step
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
+    with pytest.MonkeyPatch.context() as mp:
+        served = _count_served(mp, native)
+        alone = RunnerDriver(runner, num_blocks=64)
+        alone.add("a", PROMPT, MAX_TOKENS, greedy)
+        tokens = alone.run()["a"]
+        decoded = _logprobs_of(alone, "a")
+
+        crowd = RunnerDriver(runner, num_blocks=64, chunk_size=11, seed=1)
+        crowd.add("x", PROMPT[::-1], MAX_TOKENS // 2, greedy)
+        crowd.add("b", PROMPT, MAX_TOKENS, greedy)
+        crowd.add("y", [(3 * i + 5) % 256 for i in range(40)], MAX_TOKENS, greedy)
+        assert crowd.run()["b"] == tokens
+        assert _logprobs_of(crowd, "b") == decoded
+
+        # The same tokens as one prompt: its prompt logprobs are the decode steps' logprobs.
+        scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+        for chunk in (10**9, 5, 3):
+            whole = RunnerDriver(runner, num_blocks=64, chunk_size=chunk)
+            whole.add(f"p{chunk}", PROMPT + tokens, 1, scored)
+            whole.run()
+            prompt_lps = [
+                lp
+                for out in whole.outputs
+                for lists in out.prompt_logprobs.values()
+                if lists is not None
+                for lp in (entry[0] for entry in lists.logprobs)
+            ]
+            assert prompt_lps[len(PROMPT) - 1 :] == decoded, chunk
+    assert served and all(served)
 
 
 TIE = 0.15
