@@ -23,10 +23,12 @@ def test_sources_are_units_and_the_headers_they_include() -> None:
         "cpu/attention_decode.c",
         "cpu/attention_prefill.c",
         "cpu/skinny_gemm.c",
+        "cpu/bf16_gemm.c",
         "cpu/llama_decode.c",
         "cpu/build_info.c",
         "cpu/attention.h",
         "cpu/skinny_gemm.h",
+        "cpu/bf16_gemm.h",
         "include/vec.h",
         "include/common.h",
     }
