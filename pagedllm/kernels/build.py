@@ -299,3 +299,10 @@ def load(library: Library) -> Loaded | None:
     build it. Raises KernelABIError where its structs and their ctypes mirrors disagree."""
     choice = envs.PAGEDLLM_KERNEL_ISA
     return _load(library, None if choice == "auto" else choice)
+
+
+def cdll(library: Library) -> ctypes.CDLL | None:
+    """`load(library)`'s handle, for a binding to declare its entries' types on; None where it cannot
+    be built."""
+    loaded = load(library)
+    return None if loaded is None else loaded.cdll

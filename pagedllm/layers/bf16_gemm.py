@@ -26,10 +26,9 @@ from pagedllm.kernels import build
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    loaded = build.load(build.DENSE)
-    if loaded is None:
+    lib = build.cdll(build.DENSE)
+    if lib is None:
         return None
-    lib = loaded.cdll
     lib.bf16_gemm.argtypes = [
         ctypes.c_void_p,
         ctypes.c_int64,
@@ -54,12 +53,9 @@ def serves(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """Whether `bf16_linear` computes `F.linear(x, weight, bias)` for these tensors: bfloat16 on the
     CPU, 2-D rows with contiguous elements, a contiguous weight (and bias)."""
     return (
-        x.dim() == 2
-        and x.device.type == "cpu"
-        and x.dtype == torch.bfloat16
-        and weight.dtype == torch.bfloat16
-        and weight.device.type == "cpu"
-        and weight.dim() == 2
+        x.dim() == weight.dim() == 2
+        and x.device.type == weight.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.bfloat16
         and weight.is_contiguous()
         and (bias is None or (bias.dtype == torch.bfloat16 and bias.is_contiguous()))
         and available()
@@ -80,17 +76,10 @@ def bf16_linear(
     y = torch.empty(m, n, dtype=torch.float32 if float_out else torch.bfloat16)
     if m == 0:
         return y
-    status = _library().bf16_gemm(  # type: ignore[union-attr]
-        x.data_ptr(),
-        x.stride(0),
-        weight.data_ptr(),
-        None if bias is None else bias.data_ptr(),
-        y.data_ptr(),
-        m,
-        n,
-        k,
-        int(float_out),
-    )
+    bias_ptr = None if bias is None else bias.data_ptr()
+    lib = _library()
+    assert lib is not None, "bf16_linear called where `serves` is False"
+    status = lib.bf16_gemm(x.data_ptr(), x.stride(0), weight.data_ptr(), bias_ptr, y.data_ptr(), m, n, k, int(float_out))
     if status != 0:
         raise RuntimeError(f"bfloat16 product kernel rejected {tuple(x.shape)} x {tuple(weight.shape)}")
     return y

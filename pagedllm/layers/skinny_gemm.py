@@ -30,10 +30,9 @@ MIN_ROWS = 2
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    loaded = build.load(build.DENSE)
-    if loaded is None:
+    lib = build.cdll(build.DENSE)
+    if lib is None:
         return None
-    lib = loaded.cdll
     for suffix in _SUFFIXES.values():
         fn = getattr(lib, f"skinny_gemm_{suffix}")
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, *[ctypes.c_void_p] * 3, *[ctypes.c_int64] * 3]

@@ -76,10 +76,9 @@ PREFILL_TILE = 48
 @functools.cache
 def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or None where it cannot be built (logged once)."""
-    loaded = build.load(build.DENSE)
-    if loaded is None:
+    lib = build.cdll(build.DENSE)
+    if lib is None:
         return None
-    lib = loaded.cdll
     for suffix in _SUFFIXES.values():
         getattr(lib, f"decode_layer_{suffix}").argtypes = _DECODE_ARGTYPES
         getattr(lib, f"decode_layer_{suffix}").restype = ctypes.c_int

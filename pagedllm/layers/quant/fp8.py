@@ -45,10 +45,9 @@ _VALUES = torch.arange(256, dtype=torch.uint8).view(FP8).float()
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The widening kernel (fp8_kernels.c), or None without a C compiler (torch's copy then widens)."""
-    loaded = build.load(build.FP8)
-    if loaded is None:
+    lib = build.cdll(build.FP8)
+    if lib is None:
         return None
-    lib = loaded.cdll
     lib.fp8_widen_rows.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
     lib.fp8_widen_rows.restype = None
     return lib

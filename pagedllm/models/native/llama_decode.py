@@ -70,10 +70,9 @@ _STEP_ARGTYPES = (
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    loaded = build.load(build.DENSE)
-    if loaded is None:
+    lib = build.cdll(build.DENSE)
+    if lib is None:
         return None
-    lib = loaded.cdll
     for fn in (*(getattr(lib, f"decode_step_{suffix}") for suffix in _DTYPES.values()), lib.model_step_bf16):
         fn.argtypes = _STEP_ARGTYPES
         fn.restype = ctypes.c_int

@@ -19,6 +19,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "worker"))
 from kernel_builds import forced_flag_set  # noqa: E402
 from runner_driver import RunnerDriver, make_config  # noqa: E402
+from served_steps import count_served  # noqa: E402
 
 from pagedllm.config import CompilationConfig, EngineConfig  # noqa: E402
 from pagedllm.config.model import ModelConfig  # noqa: E402
@@ -135,20 +136,6 @@ def _runner(model_dir: Path, tmp_path: Path, dtype: str = "bfloat16") -> ModelRu
     return runner
 
 
-def _count_served(mp: pytest.MonkeyPatch, native: Any) -> list[bool]:
-    """Whether each call of the native path served its step (True) or left it to the graphs."""
-    served: list[bool] = []
-    original_call = type(native).__call__
-
-    def counting(self: Any, *args: Any) -> Any:
-        out = original_call(self, *args)
-        served.append(out is not None)
-        return out
-
-    mp.setattr(type(native), "__call__", counting)
-    return served
-
-
 def _generate(
     runner: ModelRunner, req_id: str = "a", prompt: list[int] = PROMPT
 ) -> tuple[list[int], list[float]]:
@@ -174,7 +161,7 @@ def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Pat
     assert isinstance(forward, CompiledForward) and forward.native is not None
     native = forward.native
     with pytest.MonkeyPatch.context() as mp:
-        served = _count_served(mp, native)
+        served = count_served(mp, native)
         tokens, logprobs = _generate(runner)
     # Every one-token step ran natively, and the prompt's too where the native body runs every step.
     steps = MAX_TOKENS if native.every_step else MAX_TOKENS - 1
@@ -189,7 +176,7 @@ def test_native_decode_matches_transformers(name: str, dtype: str, tmp_path: Pat
     runner.initialize_kv_cache(64)
     other = PROMPT[::-1]
     with pytest.MonkeyPatch.context() as mp:
-        served = _count_served(mp, native)
+        served = count_served(mp, native)
         _check_against_reference(model_dir, *_generate(runner, "c", other), prompt=other)
     assert served == [True] * steps
     forward.native = None
@@ -274,7 +261,7 @@ def test_a_token_is_computed_the_same_in_any_step(name: str, tmp_path: Path) -> 
     assert native is not None and native.every_step
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=0)
     with pytest.MonkeyPatch.context() as mp:
-        served = _count_served(mp, native)
+        served = count_served(mp, native)
         alone = RunnerDriver(runner, num_blocks=64)
         alone.add("a", PROMPT, MAX_TOKENS, greedy)
         tokens = alone.run()["a"]

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/models: th
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf_files import write_llama_gguf  # noqa: E402
 from int4_checkpoints import quantize_checkpoint  # noqa: E402
+from served_steps import count_served  # noqa: E402
 from tiny_llm import make_tiny_llm  # noqa: E402
 
 from pagedllm import LLM, SamplingParams  # noqa: E402
@@ -145,18 +146,10 @@ def test_native_decode_matches_the_graphs(case: str, tmp_path: Path) -> None:
         # The LM head stays the model's, quantized where the file's is (GGUF), after the native call.
         assert (runner.model.lm_head.quant_method is not None) == method.startswith("GGUF")
     native = forward.native
-    served: list[bool] = []
-    original_call = type(native).__call__
-
-    def counting(self: Any, *args: Any) -> Any:
-        out = original_call(self, *args)
-        served.append(out is not None)
-        return out
-
     vocab = runner.model.config.vocab_size
     prompt = torch.randint(0, vocab, (20,), generator=torch.Generator().manual_seed(0)).tolist()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(type(native), "__call__", counting)
+        served = count_served(mp, native)
         tokens, logprobs = _generate(llm, prompt)
     # Every one-token step (all but the prompt's) ran natively.
     assert served == [True] * (STEPS - 1)
