@@ -32,6 +32,7 @@
 #define BF16_GEMM_SUPPORTED 1
 #define TILE_ROWS 4
 #define TILE_COLS 4
+#define BLOCK_ROWS 128 /* a multiple of TILE_ROWS */
 
 /* Mask of the first `count` (< 32) 16-bit elements of a chunk. */
 INLINE __mmask32 ragged(int64_t count) { return (__mmask32)((1u << count) - 1u); }
@@ -71,20 +72,26 @@ INLINE void chains(const uint16_t *x, int64_t xs, const uint16_t *w, int64_t k, 
 }
 
 /* Rows [0, rows) x columns [0, cols) (cols <= 16) of the block at x, w, y: the chains, then each row's
- * 16 lane vectors summed by one transpose tree, the bias added and the results stored. */
+ * 16 lane vectors summed by one transpose tree, the bias added and the results stored (every step
+ * lane-wise, so each output is the scalar sequence the file's comment gives). */
 INLINE void finish(const vec *lanes, int64_t rows, int64_t cols, const uint16_t *bias, void *y, int64_t y_stride,
                    int float_out) {
+    vec b = {0};
+    for (int64_t j = 0; bias && j < cols; j++) b[j] = bf16_to_float(bias[j]);
     for (int64_t r = 0; r < rows; r++) {
         vec padded[16];
-        memcpy(padded, lanes + r * 16, (size_t)cols * sizeof(vec));
-        for (int64_t j = cols; j < 16; j++) padded[j] = (vec){0};
-        const vec s = reduce_lanes(padded, 0);
-        for (int64_t j = 0; j < cols; j++) {
-            const float v = bias ? s[j] + bf16_to_float(bias[j]) : s[j];
-            if (float_out)
-                ((float *)y)[r * y_stride + j] = v;
-            else
-                ((uint16_t *)y)[r * y_stride + j] = float_to_bf16(v);
+        const vec *row = lanes + r * 16;
+        if (cols < 16) {
+            memcpy(padded, row, (size_t)cols * sizeof(vec));
+            for (int64_t j = cols; j < 16; j++) padded[j] = (vec){0};
+            row = padded;
+        }
+        const vec s = bias ? reduce_lanes(row, 0) + b : reduce_lanes(row, 0);
+        if (float_out) {
+            memcpy((float *)y + r * y_stride, &s, (size_t)cols * sizeof(float));
+        } else {
+            const bf16_vec h = vec_to_bf16(s);
+            memcpy((uint16_t *)y + r * y_stride, &h, (size_t)cols * sizeof(uint16_t));
         }
     }
 }
@@ -107,7 +114,12 @@ INLINE void tile_rows(const uint16_t *x, int64_t xs, const uint16_t *w, int64_t 
 static void bf16_gemm_any(const uint16_t *x, int64_t xs, const uint16_t *w, const uint16_t *bias, void *y,
                           int64_t m, int64_t n, int64_t k, int float_out) {
     const int64_t groups = (n + 15) / 16, elem = float_out ? 4 : 2;
-#pragma omp parallel for schedule(static)
+    /* Many rows go BLOCK_ROWS at a time through every column group, so a block's x stays in L2 while
+     * the groups' weight rows pass (a long prompt's whole x, read again for every group, does not fit
+     * there). Only the order of work items changes, never an output's chain. */
+    const int64_t blocks = m <= STREAM_ROWS ? 1 : (m + BLOCK_ROWS - 1) / BLOCK_ROWS;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < blocks; b++)
     for (int64_t g = 0; g < groups; g++) {
         const int64_t j0 = g * 16, cols = n - j0 < 16 ? n - j0 : 16;
         const uint16_t *wg = w + j0 * k, *bg = bias ? bias + j0 : NULL;
@@ -124,8 +136,9 @@ static void bf16_gemm_any(const uint16_t *x, int64_t xs, const uint16_t *w, cons
             finish(lanes, m, cols, bg, (char *)y + j0 * elem, n, float_out);
             continue;
         }
-        for (int64_t i = 0; i < m; i += TILE_ROWS) {
-            const int64_t rows = m - i < TILE_ROWS ? m - i : TILE_ROWS;
+        const int64_t end = (b + 1) * BLOCK_ROWS < m ? (b + 1) * BLOCK_ROWS : m;
+        for (int64_t i = b * BLOCK_ROWS; i < end; i += TILE_ROWS) {
+            const int64_t rows = end - i < TILE_ROWS ? end - i : TILE_ROWS;
             const uint16_t *xi = x + i * xs;
             switch (rows) {
             case 1: tile_rows(xi, xs, wg, k, lanes, cols, 1); break;
