@@ -17,8 +17,13 @@ from pagedllm.platforms.cpu import CpuPlatform
 
 # The flag sets below -march=native that every x86-64 test machine runs (portable: any CPU).
 FORCED_SETS = ("avx2", "portable")
-# What each forced set's code is compiled for (cpu/build_info.c): AVX2 + FMA + F16C, or none of them.
-EXPECTED_ISA = {"avx2": ("AVX2", "FMA", "F16C"), "portable": ()}
+# What each forced set's code is compiled for (cpu/build_info.c); avx512-bf16 is forced only by the tests of
+# the kernels that have a path for it.
+EXPECTED_ISA = {
+    "avx512-bf16": ("AVX2", "FMA", "F16C", "AVX-512F", "AVX-512 BF16", "AVX-512 VNNI"),
+    "avx2": ("AVX2", "FMA", "F16C"),
+    "portable": (),
+}
 _BINDINGS = (
     cpu_decode.kernel,
     skinny_gemm._library,

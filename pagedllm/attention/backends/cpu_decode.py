@@ -5,8 +5,9 @@ Decode attention in tensor ops must first gather every request's key and value b
 (a bandwidth-bound copy of everything attended to, then read again by small batched GEMMs); the
 decode kernel reads the blocks where they lie, once, with the query heads of a group and the rows of
 a request (the tokens verifying its drafts) sharing each read. The prompt kernel (bfloat16) does the
-same for prompt segments, with `vdpbf16ps` scores: torch's CPU flash-attention kernel computes
-bfloat16 in float32 at a fraction of the bfloat16 GEMM rate.
+same for prompt segments, a flash attention whose scores and value sums are both `vdpbf16ps`
+products: torch's CPU flash-attention kernel computes bfloat16 in float32 at a fraction of the
+bfloat16 GEMM rate.
 Without a working compiler `kernel()` is None and the backend keeps its tensor-op paths.
 """
 
