@@ -128,3 +128,20 @@ class PagedBatch:
         bounds = md.query_start_loc_cpu
         assert bounds is not None
         return [logits[bounds[i] : bounds[i + 1]] for i in range(len(chunks))]
+
+
+def shuffled_block_tables(cache: torch.Tensor, lengths: list[int], gen: torch.Generator) -> torch.Tensor:
+    """Block tables (int32) giving request i the lengths[i] keys of `cache` ([2, num_blocks, kv_heads,
+    block, head], block 0 unused) in shuffled blocks; slots past a request's keys are set to NaN,
+    which a kernel must never sum."""
+    block = cache.shape[3]
+    blocks = [(n + block - 1) // block for n in lengths]
+    order = torch.randperm(cache.shape[1] - 1, generator=gen) + 1
+    tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
+    used = 0
+    for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
+        tables[i, :b] = order[used : used + b].int()
+        used += b
+        if n % block:
+            cache[:, tables[i, b - 1], :, n % block :] = float("nan")
+    return tables

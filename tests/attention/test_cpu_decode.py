@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 from kernel_builds import FORCED_SETS, forced_flag_set
+from paged_batch import shuffled_block_tables
 
 from pagedllm.attention import fp8_kv
 from pagedllm.attention.backends import cpu_decode
@@ -47,15 +48,7 @@ def _check_decode(
     else:
         cache = values.to(cache_dtype)
         stored = cache.double()
-    # Slot j of the last block past a request's keys holds NaN: the kernel must never sum it.
-    order = torch.randperm(num_blocks - 1, generator=gen) + 1
-    tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
-    used = 0
-    for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
-        tables[i, :b] = order[used : used + b].int()
-        used += b
-        if n % BLOCK:
-            cache[:, tables[i, b - 1], :, n % BLOCK :] = float("nan")
+    tables = shuffled_block_tables(cache, lengths, gen)
     reqs = torch.arange(len(lengths)).repeat_interleave(torch.tensor(rows_per_request))
     first_row = torch.cumsum(torch.tensor([0, *rows_per_request[:-1]]), 0).repeat_interleave(
         torch.tensor(rows_per_request)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_builds import FORCED_SETS, forced_flag_set
+from paged_batch import shuffled_block_tables
 
 from pagedllm.attention.backends import cpu_decode
 
@@ -30,17 +31,9 @@ def _skip_without_kernel() -> None:
 def _cache(lengths: list[int], kv_heads: int, head_size: int, gen: torch.Generator, block: int = BLOCK):
     """A bfloat16 cache holding each request's keys and values in shuffled blocks (slots past a
     request's keys hold NaN), and its block tables."""
-    blocks = [(n + block - 1) // block for n in lengths]
-    num_blocks = sum(blocks) + 1
+    num_blocks = sum((n + block - 1) // block for n in lengths) + 1
     cache = torch.randn(2, num_blocks, kv_heads, block, head_size, generator=gen).bfloat16()
-    order = torch.randperm(num_blocks - 1, generator=gen) + 1
-    tables = torch.zeros(len(lengths), max(blocks), dtype=torch.int32)
-    used = 0
-    for i, (n, b) in enumerate(zip(lengths, blocks, strict=True)):
-        tables[i, :b] = order[used : used + b].int()
-        used += b
-        if n % block:
-            cache[:, tables[i, b - 1], :, n % block :] = float("nan")
+    tables = shuffled_block_tables(cache, lengths, gen)
     return cache, tables
 
 
