@@ -83,6 +83,9 @@ class LoRALinearMethod(LinearMethodBase):
         # The base product alone, as for dense_weight.
         return self.base.native_matvec(layer)
 
+    def may_add_to_base(self) -> bool:
+        return True
+
     def adds_to_base(self) -> bool:
         return self.state.active
 

@@ -56,6 +56,11 @@ class LinearMethodBase(QuantizeMethodBase):
         `apply` computes for one row without the bias. None: no such entry (the default)."""
         return None
 
+    def may_add_to_base(self) -> bool:
+        """Whether `apply` can ever add to the base product (an adapter wrapper, active or not): code
+        that means to run every step itself cannot then."""
+        return False
+
     def adds_to_base(self) -> bool:
         """Whether this step's `apply` adds anything to the product of `dense_weight` / `native_matvec`
         (an adapter some token of the step runs): code that runs that product itself steps aside then."""

@@ -199,7 +199,11 @@ class LlamaNativeDecoder:
         return cls(model, dtype)
 
     def runs_every_step(self, bound: bool) -> bool:
-        return self.every_step and self.lora_state is None and (not bound or self._bind())
+        return (
+            self.every_step
+            and not any(m.may_add_to_base() for m in self.projection_methods)
+            and (not bound or self._bind())
+        )
 
     def reserve(self, num_tokens: int) -> None:
         self._reserve(min(num_tokens, self.max_rows))
