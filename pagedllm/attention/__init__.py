@@ -8,12 +8,13 @@ from pagedllm.attention.backend import (
     AttentionParams,
     CommonAttentionMetadata,
 )
-from pagedllm.attention.layer import Attention, attention_layers, bind_kv_cache
+from pagedllm.attention.layer import Attention, AttentionGraphKey, attention_layers, bind_kv_cache
 from pagedllm.attention.selector import get_attn_backend
 
 __all__ = [
     "Attention",
     "AttentionBackend",
+    "AttentionGraphKey",
     "AttentionImpl",
     "AttentionMetadata",
     "AttentionMetadataBuilder",

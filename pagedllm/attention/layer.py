@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from pagedllm.attention.backend import AttentionImpl, AttentionParams
+from pagedllm.attention.backend import AttentionBackend, AttentionImpl, AttentionParams
 from pagedllm.attention.selector import get_attn_backend
 from pagedllm.forward_context import get_forward_context
 
@@ -17,8 +17,8 @@ from pagedllm.forward_context import get_forward_context
 # constant is baked from the traced layer; a layer index or name would make every layer use the
 # first one's impl (guards are skipped) or, with guards, force one graph per layer (N x the compile
 # time). Layers with equal parameters compute the same thing and share an impl; layers that differ
-# (a sliding-window layer beside a global one, another soft cap) get different graph keys from
-# `CompiledForward` (it keys blocks by their impls' `params`) and resolve different impls here.
+# (a sliding-window layer beside a global one, another soft cap) get different graph keys
+# (`AttentionGraphKey`: a block's impls' `params`) and resolve different impls here.
 # The per-layer state (the cache) stays a tensor argument, the per-step state (the metadata) comes
 # from the forward context.
 _IMPLS: dict[AttentionParams, AttentionImpl] = {}
@@ -151,6 +151,21 @@ class Attention(nn.Module):
             f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
             f"sliding_window={params.sliding_window}, logits_soft_cap={params.logits_soft_cap}"
         )
+
+
+class AttentionGraphKey:
+    """Attention's part of a compiled block's key (`pagedllm.layers.graph_key`): the params of the
+    block's layers, which the traced op takes as constants. The impls and backend are opaque to the
+    trace (the op resolves the impl by its params at run time)."""
+
+    def owns(self, obj: object) -> bool:
+        return isinstance(obj, AttentionImpl) or (isinstance(obj, type) and issubclass(obj, AttentionBackend))
+
+    def graph_key(self, block: nn.Module) -> Hashable:
+        return tuple(m.impl.params for m in block.modules() if isinstance(m, Attention))
+
+    def step_graph_key(self) -> Hashable:
+        return None
 
 
 def attention_layers(model: nn.Module) -> dict[str, Attention]:

@@ -93,7 +93,7 @@ class LoRALinearMethod(LinearMethodBase):
         y = self.base.apply(layer, x, bias)
         if not self.state.active:
             # A step of base-model tokens only costs what it costs without LoRA (compiled graphs are
-            # keyed by this flag: `LoRAManager.graph_variant`).
+            # keyed by this flag: `LoRAManager.step_graph_key`).
             return y
         a: torch.Tensor = layer.lora_a  # type: ignore[assignment]
         b: torch.Tensor = layer.lora_b  # type: ignore[assignment]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 import numpy as np
@@ -185,8 +185,20 @@ class LoRAManager:
             self.slot_refs[slot] -= 1
             self.row_slot[row] = -1
 
-    def graph_variant(self) -> bool:
-        """What the compiled graphs of a step depend on beside its shape: whether adapters run."""
+    # LoRA's part of a compiled block's key (a GraphKeyContributor, pagedllm.layers.graph_key).
+    def owns(self, obj: object) -> bool:
+        return isinstance(obj, (LoRALinearMethod, LoRABatchState))
+
+    def graph_key(self, block: nn.Module) -> Hashable:
+        """The constants of the wrapped layers' own methods (a wrapper traces its base's product)."""
+        return tuple(
+            m.quant_method.base.constants(m)
+            for m in block.modules()
+            if isinstance(getattr(m, "quant_method", None), LoRALinearMethod)
+        )
+
+    def step_graph_key(self) -> Hashable:
+        """Whether adapters run this step: a step without them traces the base product only."""
         return self.state.active
 
     def warm_up_variants(self) -> Iterator[bool]:

@@ -12,6 +12,8 @@ the step, `propose` drafts the next tokens of the requests that sampled. The pro
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 import torch
 from torch import nn
@@ -114,6 +116,19 @@ class SpecDecodeRunner:
     def reads_aux_hidden_states(self) -> bool:
         """Whether the target's forward returns `(hidden, aux)` for an EAGLE-3 head (set at load)."""
         return bool(self.proposer.aux_hidden_layers)
+
+    # Speculative decoding's part of a compiled block's key (a GraphKeyContributor,
+    # pagedllm.layers.graph_key). It puts nothing on the target's blocks (verification rows are decode
+    # rows of a larger shape class); what it changes of the target's traced forward is which layers'
+    # input streams the model's layer loop returns (EAGLE-3), the same for every block.
+    def owns(self, obj: object) -> bool:
+        return False
+
+    def graph_key(self, block: nn.Module) -> Hashable:
+        return tuple(self.proposer.aux_hidden_layers)
+
+    def step_graph_key(self) -> Hashable:
+        return None
 
     def end_step(
         self, req_ids: list[str], rows: np.ndarray, query_start_loc: np.ndarray, sample_idx: np.ndarray,

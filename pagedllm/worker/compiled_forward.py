@@ -51,6 +51,7 @@ from torch import nn
 from pagedllm.config.compilation import CompilationMode
 from pagedllm.config.utils import cache_root
 from pagedllm.layers import bf16_gemm, skinny_gemm
+from pagedllm.layers.graph_key import GraphKeyContributor, check_owned
 from pagedllm.models.interfaces import HasDecoderLayers, NativeDecoder, SupportsNativeDecode
 
 logger = logging.getLogger("pagedllm.compile")
@@ -65,25 +66,6 @@ def compile_cache_dir(engine_config: Any) -> Path:
     root = engine_config.compilation_config.cache_dir
     base = Path(root) if root else cache_root() / "torch_compile_cache"
     return base / engine_config.compute_hash()
-
-
-def _attention_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
-    """What a traced block bakes in of its attention layers (heads, scale, window, soft cap)."""
-    from pagedllm.attention import Attention
-
-    return tuple(m.impl.params for m in block.modules() if isinstance(m, Attention))
-
-
-def _quant_constants(block: nn.Module) -> tuple[tuple[Any, ...], ...]:
-    """What a traced block bakes in of its quantized layers (GGUF block types differ per layer in
-    mixed files such as Q4_K_M)."""
-    from pagedllm.layers.quant.base import QuantizeMethodBase
-
-    return tuple(
-        m.quant_method.constants(m)
-        for m in block.modules()
-        if isinstance(getattr(m, "quant_method", None), QuantizeMethodBase)
-    )
 
 
 def _call_capturing_bytecode(
@@ -122,7 +104,9 @@ class CompiledForward:
     the module doc). Replaces each block's `forward` (and the model's `compute_logits`) with a
     dispatcher."""
 
-    def __init__(self, model: nn.Module, engine_config: Any) -> None:
+    def __init__(
+        self, model: nn.Module, engine_config: Any, contributors: Sequence[GraphKeyContributor]
+    ) -> None:
         cc = engine_config.compilation_config
         self.model = model
         self.mode: CompilationMode = cc.mode
@@ -148,14 +132,15 @@ class CompiledForward:
         self.num_graphs = 0
         self.num_cache_hits = 0
         self._key: ShapeClass | None = None
-        # One compiled function per (block class, attention constants, shape class, which arguments
-        # are None): Dynamo's guards, which would tell a `residual=None` first layer or a
-        # sliding-window layer from the others, are skipped, so the key must.
+        # One compiled function per (block class, every contributor's block key, shape class, step
+        # keys, which arguments are None): Dynamo's guards, which would tell a `residual=None` first
+        # layer, a sliding-window layer or a step with LoRA adapters from the others, are skipped, so
+        # the key must (`pagedllm.layers.graph_key`).
         self._fns: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._blocks: list[nn.Module] = []
-        # Part of every graph's key beside the shape class: a state the traced code branches on (the
-        # step has LoRA adapters or not), which the skipped guards would otherwise bake in.
-        self.graph_variant: Callable[[], Hashable] = lambda: None
+        self._contributors = tuple(contributors)
+        # The step keys of the call in progress (asked once per step, not per block).
+        self._step_key: tuple[Hashable, ...] = ()
         # Steps of a few decode tokens only, in one native call where the model allows it.
         self.native: NativeDecoder | None = None
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
@@ -166,6 +151,7 @@ class CompiledForward:
                 f"{type(model).__name__} declares no decoder layers to compile (decoder_layers())"
             )
         self._blocks = list(model.decoder_layers())
+        check_owned(self._blocks, self._contributors)
         # The LM head of a single row (one sequence decoding) is a matrix-vector product over the
         # whole vocabulary: compiled, it streams the weight (see `pagedllm.layers.linear.linear`). A
         # bfloat16 head the batch-invariant kernel serves streams it already (and must: its rows are
@@ -178,7 +164,7 @@ class CompiledForward:
         self._single_row_call: Callable[..., torch.Tensor] | None = None
         model.compute_logits = self._compute_logits  # type: ignore[method-assign]
         for block in self._blocks:
-            signature = (type(block), _attention_constants(block), _quant_constants(block))
+            signature = (type(block), *(c.graph_key(block) for c in self._contributors))
             block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
         self.native = model.native_decoder() if isinstance(model, SupportsNativeDecode) else None
 
@@ -245,7 +231,7 @@ class CompiledForward:
         key = self._key
         if key is None:  # called outside __call__ (a profiling run, a test driving the model)
             return type(block).forward(block, *args)
-        full_key = (*signature, key, self.graph_variant(), tuple(a is None for a in args))
+        full_key = (*signature, key, self._step_key, tuple(a is None for a in args))
         fn = self._fns.get(full_key)
         if fn is not None:
             return fn(block, *args)
@@ -279,6 +265,7 @@ class CompiledForward:
             if hidden is not None:
                 return hidden
         self._key = self.shape_class(input_ids.shape[0])
+        self._step_key = tuple(c.step_graph_key() for c in self._contributors)
         try:
             return self.model(input_ids, positions)
         finally:

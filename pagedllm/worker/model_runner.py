@@ -28,6 +28,7 @@ from torch import nn
 
 from pagedllm import envs
 from pagedllm.attention import (
+    AttentionGraphKey,
     AttentionMetadata,
     CommonAttentionMetadata,
     fp8_kv,
@@ -38,6 +39,8 @@ from pagedllm.core.sched_output import GrammarOutput, SchedulerOutput
 from pagedllm.distributed.kv_transfer import KVConnectorBase
 from pagedllm.distributed.parallel_state import get_pp_group, max_concurrent_batches
 from pagedllm.forward_context import set_forward_context
+from pagedllm.layers.graph_key import GraphKeyContributor
+from pagedllm.layers.quant import QuantGraphKey
 from pagedllm.layers.sampler import Sampler
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.metrics.tracing import step_span
@@ -192,8 +195,6 @@ class ModelRunner(RunnerStartup):
         if get_pp_group().world_size > 1:
             # Stages run eagerly: the compiled shape classes and native decode cover whole models.
             self._forward = PipelineStageForward(self.model, self.model_config.get_hidden_size(), self.dtype)
-        if self.lora is not None and isinstance(self._forward, CompiledForward):
-            self._forward.graph_variant = self.lora.graph_variant
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -210,7 +211,10 @@ class ModelRunner(RunnerStartup):
             )
         if cc.mode in (None, CompilationMode.NONE):
             return model
-        return CompiledForward(model, self.engine_config)
+        # Every feature that changes what a traced block computes (pagedllm.layers.graph_key).
+        contributors: list[GraphKeyContributor] = [AttentionGraphKey(), QuantGraphKey()]
+        contributors += [f for f in (self.lora, self.spec) if f is not None]
+        return CompiledForward(model, self.engine_config, contributors)
 
     def require_lora(self) -> LoRAManager:
         if self.lora is None:

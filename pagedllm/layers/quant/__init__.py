@@ -2,6 +2,12 @@
 (the interface in `pagedllm.config.quantization`) beside the linear method it chooses: `gguf`, `int4`
 (AWQ, GPTQ), `fp8`; the loader resolves the configured method name to it."""
 
-from pagedllm.layers.quant.base import LinearMethodBase, QuantizeMethodBase, WeightLoader, set_weight_loader
+from pagedllm.layers.quant.base import (
+    LinearMethodBase,
+    QuantGraphKey,
+    QuantizeMethodBase,
+    WeightLoader,
+    set_weight_loader,
+)
 
-__all__ = ["LinearMethodBase", "QuantizeMethodBase", "WeightLoader", "set_weight_loader"]
+__all__ = ["LinearMethodBase", "QuantGraphKey", "QuantizeMethodBase", "WeightLoader", "set_weight_loader"]

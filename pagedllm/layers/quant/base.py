@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from abc import abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +28,24 @@ class WeightLoader(Protocol):
     def __call__(
         self, param: torch.Tensor, loaded_weight: torch.Tensor, shard_id: str | int | None = None
     ) -> None: ...
+
+
+class QuantGraphKey:
+    """Quantization's part of a compiled block's key (`pagedllm.layers.graph_key`): the `constants` of
+    each of the block's layers, in order (what `apply` bakes into the trace besides the tensors)."""
+
+    def owns(self, obj: object) -> bool:
+        return isinstance(obj, QuantizeMethodBase)
+
+    def graph_key(self, block: nn.Module) -> Hashable:
+        return tuple(
+            m.quant_method.constants(m)
+            for m in block.modules()
+            if isinstance(getattr(m, "quant_method", None), QuantizeMethodBase)
+        )
+
+    def step_graph_key(self) -> Hashable:
+        return None
 
 
 class LinearMethodBase(QuantizeMethodBase):
