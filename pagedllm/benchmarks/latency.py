@@ -7,6 +7,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import psutil
@@ -14,7 +15,7 @@ import psutil
 from pagedllm.benchmarks.datasets import grounded_requests, open_chat_requests, random_requests, render_chat
 from pagedllm.benchmarks.gguf_baselines import GGUF_BASELINES, dequantized_args, run_llama_cpp_latency
 from pagedllm.benchmarks.hf_baseline import add_baseline_args
-from pagedllm.benchmarks.model_stats import worker_weight_bytes_per_step
+from pagedllm.benchmarks.model_stats import worker_forward_path_steps, worker_weight_bytes_per_step
 from pagedllm.benchmarks.roofline import copy_bandwidth
 from pagedllm.config.args import EngineArgs
 from pagedllm.core.spec_stats import SpecDecodingStats
@@ -115,6 +116,7 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         run_batch(engine, prompts, args.output_len, f"warmup{i}")
     bandwidth = copy_bandwidth()  # again after the iterations; the better reading is the limit
     prefills, steps = [], []
+    paths_before = _path_steps(engine)
     for i in range(args.num_iters):
         # Each iteration must recompute its prompts, not hit the previous iteration's cached blocks.
         engine.reset_prefix_cache()
@@ -122,6 +124,8 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         prefills.append(res.prefill_s)
         steps.extend(res.decode_steps)
     step_ms = np.asarray(steps) * 1000.0
+    # The way the measured steps' forwards ran (the first rank's; every rank takes the same way).
+    paths = {k: n - paths_before.get(k, 0) for k, n in _path_steps(engine).items() if n > paths_before.get(k, 0)}
     # As the loaded model holds its weights (quantized layers at their stored size), all ranks' parts.
     weight_bytes = sum(engine.call_utility("collective_rpc", worker_weight_bytes_per_step, (), None, None))
     bandwidth = max(bandwidth, copy_bandwidth())
@@ -141,6 +145,7 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         "weight_bytes_per_step": weight_bytes,
         "bandwidth_roofline_steps_per_s": limit,
         "fraction_of_bandwidth_roofline": None,
+        "decode_paths": paths,
     }
     print(
         f"{label} prefill: {report['prefill_s_median'] * 1000:.1f} ms for {args.batch_size}x{args.input_len} "
@@ -157,9 +162,14 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         )
     else:
         print(f"{label} decode: no decode steps (--output-len {args.output_len})")
+    print(f"{label} decode path: " + ", ".join(f"{path} ({n} steps)" for path, n in sorted(paths.items())))
     print(f"{label} resident memory after load: {report['rss_after_load_mib']:.0f} MiB (this process)")
     engine.shutdown()
     return report, model_config, prompts
+
+
+def _path_steps(engine: Any) -> dict[str, int]:
+    return engine.call_utility("collective_rpc", worker_forward_path_steps, (), None, None)[0]
 
 
 def run(args: argparse.Namespace) -> int:

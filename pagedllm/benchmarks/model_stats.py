@@ -74,3 +74,10 @@ def resident_weight_bytes_per_step(model: nn.Module) -> int:
 def worker_weight_bytes_per_step(worker: Any) -> int:
     """`resident_weight_bytes_per_step` of a worker's model (through `collective_rpc`: one rank's part)."""
     return resident_weight_bytes_per_step(worker.runner.model)
+
+
+def worker_forward_path_steps(worker: Any) -> dict[str, int]:
+    """Steps each forward path (native-c, compiled, eager: `pagedllm.worker.forward_paths`) ran in a
+    worker since it started (through `collective_rpc`)."""
+    paths = worker.runner.forward_paths
+    return {} if paths is None else dict(paths.steps)

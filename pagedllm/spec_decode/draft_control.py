@@ -57,10 +57,8 @@ class DraftLength:
 
 
 # The verification cost model, in plain decode steps: a step that verifies n drafts costs
-# 1 + VERIFY_BASE + VERIFY_PER_DRAFT * n. Measured on the 2-core AVX2 EPYC, SmolLM2-135M float32
-# at the compiled default, both in the native one-call body (steps of up to 8 tokens), with sampling
-# and drafting: a plain step 23.3 ms, verifying 2 drafts 31.7 ms, 4 34.2 ms, 7 40.7 ms (medians over
-# the grounded benchmark's 12 prompts).
+# 1 + VERIFY_BASE + VERIFY_PER_DRAFT * n, fitted to the step times of `bench latency --dataset
+# grounded` at the compiled default (benchmarks/RESULTS.md, "Figures behind code choices").
 VERIFY_BASE = 0.2
 VERIFY_PER_DRAFT = 0.08
 # Weight of the history against each new observation (0.75 against 0.0-0.5: a little more of the

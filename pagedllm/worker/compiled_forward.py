@@ -19,18 +19,20 @@
 
 Attention is an opaque custom op (`pagedllm::unified_attention`), so a block is one graph.
 
-A step of a few decode tokens only (one sequence decoding, a few together, or one verifying its
-drafts: up to the native path's `max_rows`) runs the model body (embedding, decoder layers, final
-norm) in one native call instead, where the model declares a native path (`SupportsNativeDecode`,
-e.g. `pagedllm.models.native.llama_decode`) and it accepts the loaded model; the graphs of those
-sizes still serve every other model and every step the path declines.
+Where the model declares a native path (`SupportsNativeDecode`, e.g.
+`pagedllm.models.native.llama_decode`) and it accepts the loaded model, `native` holds it: a step of
+a few decode tokens only (one sequence decoding, a few together, or one verifying its drafts: up to
+its `max_rows`) can run the model body (embedding, decoder layers, final norm) in one native call.
+The runner chooses per step (`pagedllm.worker.forward_paths`); the graphs of those sizes still serve
+every other model and every step the path declines.
 
 Once a (block, shape class) is compiled, later calls skip Dynamo's frame evaluation: the bytecode
 Dynamo generated for that compile (which fetches the graph's inputs from the block and calls the
-compiled graph) is captured with a bytecode hook and called as a plain function. Through
-`torch.compile`'s wrapper each call costs ~30 us of Python on this CPU, ~1 ms of a 30-layer
-single-sequence decode step; the plain call ~8 us. Guards are skipped either way, so nothing that
-ran is lost; where the hook is missing or the capture is ambiguous the wrapper stays in use.
+compiled graph) is captured with a bytecode hook and called as a plain function: `torch.compile`'s
+wrapper costs several times its Python per call, a visible share of a many-layer single-sequence
+decode step (benchmarks/RESULTS.md, "Figures behind code choices"). Guards are skipped either way, so
+nothing that ran is lost; where the hook is missing or the capture is ambiguous the wrapper stays in
+use.
 """
 
 from __future__ import annotations
@@ -257,13 +259,16 @@ class CompiledForward:
             logger.debug("shape class %s reused an existing graph", key)
         return out
 
+    def describe_step(self, num_tokens: int) -> str:
+        """The shape class a step of `num_tokens` runs in, in words (for the decode-path log)."""
+        if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
+            return "any size (torch.compile)"
+        return self._describe(self.shape_class(num_tokens))
+
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The graphs' forward of the step (the native path is the runner's to try first)."""
         if self.mode == CompilationMode.STOCK_TORCH_COMPILE:
             return self._stock(input_ids, positions)
-        if self.native is not None and input_ids.shape[0] <= self.native.max_rows:
-            hidden = self.native(input_ids, positions)
-            if hidden is not None:
-                return hidden
         self._key = self.shape_class(input_ids.shape[0])
         self._step_key = tuple(c.step_graph_key() for c in self._contributors)
         try:

@@ -55,6 +55,7 @@ from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.distributed_sampling import sample_on_output_rank
+from pagedllm.worker.forward_paths import ForwardPaths
 from pagedllm.worker.input_batch import InputBatch
 from pagedllm.worker.kv_cache import (
     resolve_cache_dtype,
@@ -142,6 +143,8 @@ class ModelRunner(RunnerStartup):
         # The adapters and each batch row's slot, when LoRA is enabled.
         self.lora: LoRAManager | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # The way each step's forward runs (native-c, compiled, eager), chosen per step class.
+        self.forward_paths: ForwardPaths | None = None
         # Whether the forward returns `(hidden, aux)` for an EAGLE-3 head (`load_model` decides).
         self._aux_outputs = False
         # Batch-invariant execution runs the eager model with row-padded products (see batch_invariant).
@@ -195,6 +198,12 @@ class ModelRunner(RunnerStartup):
         if get_pp_group().world_size > 1:
             # Stages run eagerly: the compiled shape classes and native decode cover whole models.
             self._forward = PipelineStageForward(self.model, self.model_config.get_hidden_size(), self.dtype)
+        compiled = self._forward if isinstance(self._forward, CompiledForward) else None
+        self.forward_paths = ForwardPaths(
+            self._forward,
+            lambda: compiled.native if compiled is not None else None,
+            compiled.describe_step if compiled is not None else None,
+        )
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
         )
@@ -230,9 +239,9 @@ class ModelRunner(RunnerStartup):
         self, input_ids: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The final hidden states, and the auxiliary ones an EAGLE-3 head reads (empty without one)."""
-        if self._forward is None:
+        if self.forward_paths is None:
             raise RuntimeError("ModelRunner.load_model() must be called first")
-        out = self._forward(input_ids, positions)
+        out = self.forward_paths(input_ids, positions)
         return out if self._aux_outputs else (out, [])  # type: ignore[return-value]
 
     def release_native_bindings(self) -> None:

@@ -79,7 +79,7 @@ def test_latency_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
         "--baseline",
         "hf",
     ]
-    bench(
+    result = bench(
         "latency",
         "--model",
         str(model_dir),
@@ -92,6 +92,9 @@ def test_latency_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
     )
     report = json.loads(out.read_text())
     assert report["prefill_tokens_per_s"] == pytest.approx(48 / report["prefill_s_median"])
+    # -O0: every measured step (2 iterations of a prompt step and 5 decode steps) ran the eager module.
+    assert report["decode_paths"] == {"eager": 12}
+    assert "decode path: eager (12 steps)" in result.stdout
     steps = report["decode_step_ms"]
     assert 0 < steps["p50"] <= steps["p90"] <= steps["p99"]
     # The engine process after load holds at least the torch runtime (a few hundred MiB).
