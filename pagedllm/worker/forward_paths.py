@@ -72,7 +72,8 @@ class ForwardPaths:
             return
         self._seen.add((path, num_tokens))
         if path is DecodePath.NATIVE_C:
-            step_class = f"1..{max_rows} tokens"
+            # (A native body that runs every step, bf16 batch invariance, has no row bound.)
+            step_class = f"1..{max_rows} tokens" if max_rows < 1 << 31 else "any size"
         else:
             step_class = "any size" if self._describe is None else self._describe(num_tokens)
         if (path, step_class) not in self._logged:
