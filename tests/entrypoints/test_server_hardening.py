@@ -413,11 +413,12 @@ def test_shutdown_timeout_mid_stream_ends_with_an_error_event(server: RemoteServ
                 stream=True,
                 extra_body={"ignore_eos": True},
             ):
-                pass
+                started.set()
             outcome["openai"] = "normally"
         except openai.APIError as e:
             outcome["openai"] = str(e)
 
+    started = threading.Event()
     threads = [threading.Thread(target=long_stream), threading.Thread(target=openai_stream)]
     for thread in threads:
         thread.start()
@@ -425,6 +426,8 @@ def test_shutdown_timeout_mid_stream_ends_with_an_error_event(server: RemoteServ
     while not lines and time.monotonic() < deadline:
         time.sleep(0.05)
     assert lines, server.log_tail()
+    # Both streams in flight before the signal (a request that arrives after it is refused a connection).
+    assert started.wait(60), server.log_tail()
     server.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(60)
