@@ -79,9 +79,11 @@ def test_engine_core_memory_is_flat_over_rounds_of_the_same_load(tmp_path: Path)
                 statuses = list(pool.map(lambda i: _send(server.url, i), range(REQUESTS_PER_ROUND)))
             assert statuses == [200] * REQUESTS_PER_ROUND
             resident.append(engine.memory_info().rss)
-        # The issue asks for 5%; most of the tiny model's resident size is torch's own libraries, so the
-        # bound is tighter: unbounded kernel caches grew it 5-6% over the last two rounds, bounded 0.3%.
-        growth = (resident[-1] - resident[0]) / resident[0]
-        assert growth < 0.025, [f"{r / 2**20:.0f} MiB" for r in resident]
+        # The issue asks for 5% over the run. Most of the tiny model's resident size is torch's own
+        # libraries, so the last round is held tighter: there unbounded kernel caches still grew it 5-6%
+        # while bounded ones had levelled off (0.3-0.6%; the first round may still page in allocator arenas).
+        mib = [f"{r / 2**20:.0f} MiB" for r in resident]
+        assert (resident[-1] - resident[0]) / resident[0] < 0.05, mib
+        assert (resident[-1] - resident[-2]) / resident[-2] < 0.02, mib
     finally:
         server.kill()
