@@ -92,6 +92,43 @@ def _check_kernels(qtype: Q, monkeypatch: pytest.MonkeyPatch) -> None:
         torch.testing.assert_close(many[:, part], expected[:, part], atol=1e-4 * expected.abs().max(), rtol=0)
 
 
+def _format_bound(x: torch.Tensor, weight: torch.Tensor, exact: torch.Tensor, int8: bool) -> torch.Tensor:
+    """The largest error the layer's product of bf16 rows `x` with the dequantized `weight` may make
+    for each output: the rounding of its path's inputs (int8 activations: each element off by at most
+    half a step, its block's largest / 127 / 2; bf16 tiles: each weight rounded to bf16, 2^-9 of itself;
+    float32 tiles: exact), float32 accumulation over K terms (K 2^-24 of the sum of magnitudes, with a
+    factor 4 for the scale and minimum terms of the int8 path, each up to a few times a product), and
+    the bf16 output's rounding (2^-9 of the value)."""
+    xd, wd = x.double(), weight.double().abs()
+    magnitude = xd.abs() @ wd.T
+    if int8:
+        half_step = xd.abs().reshape(x.shape[0], -1, 32).amax(-1) / 127 / 2
+        inputs = half_step.repeat_interleave(32, dim=1) @ wd.T
+    else:
+        inputs = magnitude * (2.0**-9 if tiles.gemm_dtype(torch.bfloat16) == torch.bfloat16 else 0.0)
+    return 1.01 * (inputs + 4 * K * 2.0**-24 * magnitude + 2.0**-9 * (exact.abs() + inputs))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
+def test_bf16_product_at_every_row_count_within_the_format_bound(
+    qtype: Q, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The layer's product of bf16 activations (the default dtype on AVX512-BF16 CPUs) at one row, a
+    few (int8 kernel) and many (dequantized tiles: bf16 ones where the CPU has native bf16 dot
+    products), against the float64 product of gguf-py's dequantization, within `_format_bound`. Tiles
+    of 9 rows, so that they span the parts' boundary (rows 20-26)."""
+    packed, reference = _weight(qtype, np.random.default_rng(int(qtype) + 100))
+    monkeypatch.setattr(tiles, "TILE_BYTES", 9 * K * 4)
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    out = gguf.gguf_linear(x, [packed[:20], packed[20:]], [int(qtype)] * 2, N)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, N)
+    exact = x.double() @ reference.double().T
+    bound = _format_bound(x, reference, exact, rows <= gguf.int8_max_rows([int(qtype)]))
+    error = (out.double() - exact).abs()
+    assert (error <= bound).all(), f"{(error / bound).max():.3f} of the bound"
+
+
 @pytest.mark.parametrize("flag_set", FORCED_SETS)
 def test_forced_builds_match(flag_set: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """gguf_kernels.c built for AVX2 without VNNI (its multiply-adds in two instructions) and as the

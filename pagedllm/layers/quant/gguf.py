@@ -10,8 +10,9 @@ kernel call multiplies their row-concatenation.
 The product (`torch.ops.pagedllm.gguf_linear`, opaque to torch.compile) picks its path by the number
 of rows and the parts' types (`int8_max_rows`): few rows, int8 dot products on activations quantized
 per 32-element block (gguf_kernels.c; each weight block is read once for all rows); more, tiles of
-weight rows dequantized to float32 and multiplied by the float GEMM (`tiles.tiled_product`, shared
-with AWQ/GPTQ and fp8), which wins once the dequantization is spread over enough rows.
+weight rows dequantized to float and multiplied by the float GEMM (`tiles.tiled_product`, shared
+with AWQ/GPTQ and fp8), which wins once the dequantization is spread over enough rows: bf16 tiles and
+GEMM for bf16 activations on CPUs with native bf16 dot products (`tiles.gemm_dtype`), else float32.
 
 The embedding gathers the rows it needs and dequantizes only those; a tied LM head shares the
 embedding's quantized parameter and multiplies by it directly.
@@ -36,7 +37,7 @@ from pagedllm.layers.quant.base import (
     WeightLoader,
     set_weight_loader,
 )
-from pagedllm.layers.quant.tiles import tiled_product
+from pagedllm.layers.quant.tiles import gemm_dtype, tiled_product
 from pagedllm.quant_interface import QuantizationConfig
 
 # Activation rows up to which the int8 kernel beats dequantized tiles + GEMM, per ggml type (a layer
@@ -76,7 +77,7 @@ def gguf_linear(
                     shard[lo - start : hi - start], qtype, k, tile[lo - rows.start : hi - rows.start]
                 )
 
-    return tiled_product(x, out_features, widen)
+    return tiled_product(x, out_features, widen, gemm_dtype(x.dtype))
 
 
 def _gguf_linear_fake(
