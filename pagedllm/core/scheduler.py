@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedllm.core.kv_cache_manager import KVCacheManager
 from pagedllm.core.kv_events import KVCacheEvent
+from pagedllm.core.outputs import EngineCoreOutputs, SchedulerStats
 from pagedllm.core.pipelining import BatchPipeline
 from pagedllm.core.request import GrammarState, Request, RequestStatus
 from pagedllm.core.request_queue import RequestQueue
+from pagedllm.core.runner_output import ModelRunnerOutput
 from pagedllm.core.sched_output import CachedRequestData, GrammarOutput, NewRequestData, SchedulerOutput
-from pagedllm.core.scheduler_update import SchedulerUpdate
-from pagedllm.core.spec_stats import SpecDecodingStats
+from pagedllm.core.scheduler_update import SchedulerCounters, SchedulerUpdate, make_scheduler_stats
 from pagedllm.errors import ErrorReport, RequestError
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ class GrammarBitmaskFiller(Protocol):
 logger = logging.getLogger("pagedllm.core")
 
 
-class Scheduler(SchedulerUpdate):
+class Scheduler:
     def __init__(
         self,
         scheduler_config: SchedulerConfig,
@@ -110,7 +111,8 @@ class Scheduler(SchedulerUpdate):
         self.hold_waiting = False
         # Finished since the last schedule(): the runner drops their state on the next step.
         self.finished_req_ids: set[str] = set()
-        self.num_preemptions = 0
+        # Preemptions, connector lookups and transfers, drafts verified: counted until make_stats().
+        self.counters = SchedulerCounters()
         # Structured outputs: requests whose grammar is still compiling (kept out of the waiting queue
         # so they hold no one up), the ids of every live constrained request, and the requests whose
         # grammar failed to compile since the last step (id -> message).
@@ -119,16 +121,16 @@ class Scheduler(SchedulerUpdate):
         self.constrained_req_ids: set[str] = set()
         self.grammar_errors: dict[str, ErrorReport] = {}
         # The KV connector's scheduler side (offloading tier, shared storage): it may supply the tokens
-        # after a request's local prefix hit. Its counters since the last make_stats().
+        # after a request's local prefix hit.
         self.kv_connector = kv_connector
-        self.external_queries = self.external_hits = 0
-        self.kv_connector_stats: dict[str, float] = {}
         if kv_connector is not None:
             kv_connector.bind_scheduler(self.requests, self.kv_cache_manager)
-        self.spec_stats = SpecDecodingStats()
         # Several batches in flight (pipeline parallelism): balanced batches, and the stages that do not
         # sample learn each step's input tokens from the scheduler output. None for one batch at a time.
         self.pipeline = BatchPipeline(max_concurrent_batches) if max_concurrent_batches > 1 else None
+        self.output_stage = SchedulerUpdate(
+            self.requests, max_model_len, self.pipeline, self.counters, self._free_request
+        )
 
     # ---------------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> None:
@@ -239,6 +241,24 @@ class Scheduler(SchedulerUpdate):
         """The KV cache events since the last call, for the engine core to publish."""
         return self.kv_cache_manager.take_events()
 
+    # ---------------------------------------------------------------------------------- outputs
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        outputs, any_stopped = self.output_stage.apply(scheduler_output, model_runner_output)
+        if any_stopped:
+            self.running = [r for r in self.running if not r.is_finished()]
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+
+    def make_stats(self) -> SchedulerStats | None:
+        """Queue lengths and cache usage now; prefix-cache counts and preemptions since the last call."""
+        if not self.log_stats:
+            return None
+        waiting = [*self.waiting, *self.waiting_for_fsm]
+        return make_scheduler_stats(
+            self.counters, self.kv_cache_manager, self.running, waiting, bool(self.max_loras)
+        )
+
     # ---------------------------------------------------------------------------------- schedule
     def _num_new_tokens(self, request: Request, num_computed: int, token_budget: int) -> int:
         # Drafts ride along after the last token; none may reach past max_model_len.
@@ -260,7 +280,7 @@ class Scheduler(SchedulerUpdate):
         request.num_computed_tokens = 0
         request.spec_token_ids = []
         request.num_preemptions += 1
-        self.num_preemptions += 1
+        self.counters.num_preemptions += 1
         self.waiting.prepend(request)
 
     def schedule(self) -> SchedulerOutput:
@@ -432,8 +452,8 @@ class Scheduler(SchedulerUpdate):
                 self.kv_connector.update_state_after_alloc(
                     request, kv.get_block_ids(request.request_id), num_external
                 )
-                self.external_queries += request.num_tokens - num_local_hit
-                self.external_hits += num_external
+                self.counters.external_queries += request.num_tokens - num_local_hit
+                self.counters.external_hits += num_external
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
                 request.num_external_computed_tokens = num_external

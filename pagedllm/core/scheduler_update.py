@@ -1,17 +1,19 @@
 """The scheduler's output stage: a step's sampled tokens become request progress (accepted drafts,
 stops, grammar advance, freed requests) and the engine outputs and statistics the front-end receives.
 
-A mixin of `Scheduler` (pagedllm/core/scheduler.py), which owns the state named below; kept apart because
-it is the one concept of the scheduler that runs after the model, not before it.
+Composed into `Scheduler` (pagedllm/core/scheduler.py): the scheduler hands it the requests it shares
+and the callback that frees one; kept apart because it is the one concept of the scheduler that runs
+after the model, not before it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from pagedllm.core.outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from pagedllm.core.outputs import EngineCoreOutput, SchedulerStats
 from pagedllm.core.request import Request, RequestStatus
 from pagedllm.core.runner_output import ModelRunnerOutput, trim_logprobs
 from pagedllm.core.sched_output import SchedulerOutput
@@ -20,29 +22,46 @@ from pagedllm.core.spec_stats import SpecDecodingStats
 if TYPE_CHECKING:
     from pagedllm.core.kv_cache_manager import KVCacheManager
     from pagedllm.core.pipelining import BatchPipeline
-    from pagedllm.core.request_queue import RequestQueue
 
 logger = logging.getLogger("pagedllm.core")
 
 
-class SchedulerUpdate:
-    """`update_from_output` and `make_stats`, over the scheduler's state."""
+@dataclass
+class SchedulerCounters:
+    """What the scheduler counts between two `make_stats` calls."""
 
-    requests: dict[str, Request]
-    running: list[Request]
-    waiting: RequestQueue
-    waiting_for_fsm: list[Request]
-    kv_cache_manager: KVCacheManager
-    pipeline: BatchPipeline | None
-    max_model_len: int
-    max_loras: int | None
-    log_stats: bool
-    num_preemptions: int
-    external_queries: int
-    external_hits: int
-    kv_connector_stats: dict[str, float]
-    spec_stats: SpecDecodingStats
-    _free_request: Callable[[Request], None]
+    num_preemptions: int = 0
+    # Prompt tokens looked up in / supplied by the KV connector.
+    external_queries: int = 0
+    external_hits: int = 0
+    kv_connector_stats: dict[str, float] = field(default_factory=dict)
+    spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+
+    def take(self) -> SchedulerCounters:
+        """The counts so far; the counters start again from zero."""
+        taken = replace(self)
+        self.num_preemptions = self.external_queries = self.external_hits = 0
+        self.kv_connector_stats, self.spec = {}, SpecDecodingStats()
+        return taken
+
+
+class SchedulerUpdate:
+    """`apply`: a step's runner output becomes request progress and engine outputs."""
+
+    def __init__(
+        self,
+        requests: dict[str, Request],
+        max_model_len: int,
+        pipeline: BatchPipeline | None,
+        counters: SchedulerCounters,
+        free_request: Callable[[Request], None],
+    ) -> None:
+        # The scheduler's live requests (shared: the scheduler adds them, `free_request` removes them).
+        self.requests = requests
+        self.max_model_len = max_model_len
+        self.pipeline = pipeline
+        self.counters = counters
+        self._free_request = free_request
 
     def _check_stop(self, request: Request) -> bool:
         """After a token was appended: set the finished status and return True if the request ends."""
@@ -65,9 +84,10 @@ class SchedulerUpdate:
             return True
         return False
 
-    def update_from_output(
+    def apply(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> EngineCoreOutputs:
+    ) -> tuple[list[EngineCoreOutput], bool]:
+        """The step's engine outputs, and whether some request stopped (and was freed)."""
         outputs: list[EngineCoreOutput] = []
         index = model_runner_output.req_id_to_index
         sampled = model_runner_output.sampled_token_ids
@@ -77,7 +97,8 @@ class SchedulerUpdate:
         spec_decode_tokens = scheduler_output.scheduled_spec_decode_tokens
         any_stopped = False
         for key, value in model_runner_output.kv_connector_stats.items():
-            self.kv_connector_stats[key] = self.kv_connector_stats.get(key, 0.0) + value
+            stats = self.counters.kv_connector_stats
+            stats[key] = stats.get(key, 0.0) + value
         req_ids: Iterable[str] = scheduler_output.num_scheduled_tokens
         if self.pipeline is not None:
             req_ids = self.pipeline.finished(req_ids, self.requests)
@@ -91,7 +112,7 @@ class SchedulerUpdate:
                 # The runner returns the accepted drafts plus one token: the KV of the rejected
                 # drafts is recomputed (overwritten) from here on.
                 request.num_computed_tokens -= len(spec_decode_tokens[req_id]) + 1 - len(generated)
-                self.spec_stats.observe(len(spec_decode_tokens[req_id]), len(generated) - 1)
+                self.counters.spec.observe(len(spec_decode_tokens[req_id]), len(generated) - 1)
             new_token_ids: list[int] = []
             stopped = False
             grammar = request.structured_output_request
@@ -140,38 +161,38 @@ class SchedulerUpdate:
             if stopped:
                 any_stopped = True
                 self._free_request(request)
-        if any_stopped:
-            self.running = [r for r in self.running if not r.is_finished()]
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats())
+        return outputs, any_stopped
 
-    def make_stats(self) -> SchedulerStats | None:
-        """Queue lengths and cache usage now; prefix-cache counts and preemptions since the last call."""
-        if not self.log_stats:
-            return None
-        queries, hits = self.kv_cache_manager.take_prefix_cache_stats()
-        num_preemptions, self.num_preemptions = self.num_preemptions, 0
-        external = (self.external_queries, self.external_hits)
-        self.external_queries = self.external_hits = 0
-        connector_stats, self.kv_connector_stats = self.kv_connector_stats, {}
-        spec, self.spec_stats = self.spec_stats, SpecDecodingStats()
-        return SchedulerStats(
-            num_running_reqs=len(self.running),
-            # Requests waiting for their grammar to compile wait too (vLLM's num_requests_waiting).
-            num_waiting_reqs=len(self.waiting) + len(self.waiting_for_fsm),
-            kv_cache_usage=self.kv_cache_manager.usage,
-            prefix_cache_queries=queries,
-            prefix_cache_hits=hits,
-            num_preemptions=num_preemptions,
-            external_prefix_cache_queries=external[0],
-            external_prefix_cache_hits=external[1],
-            kv_connector_stats=connector_stats,
-            running_lora_adapters=_adapter_counts(self.running) if self.max_loras else {},
-            waiting_lora_adapters=_adapter_counts([*self.waiting, *self.waiting_for_fsm]) if self.max_loras else {},
-            spec_num_drafts=spec.num_drafts,
-            spec_num_draft_tokens=spec.num_draft_tokens,
-            spec_num_accepted_tokens=spec.num_accepted_tokens,
-            spec_num_accepted_tokens_per_pos=spec.num_accepted_tokens_per_pos,
-        )
+
+def make_scheduler_stats(
+    counters: SchedulerCounters,
+    kv_cache_manager: KVCacheManager,
+    running: list[Request],
+    waiting: list[Request],
+    count_adapters: bool,
+) -> SchedulerStats:
+    """Queue lengths and cache usage now; prefix-cache counts and the counters since the last call
+    (`waiting` includes the requests whose grammar still compiles, as vLLM's num_requests_waiting)."""
+    queries, hits = kv_cache_manager.take_prefix_cache_stats()
+    counts = counters.take()
+    spec = counts.spec
+    return SchedulerStats(
+        num_running_reqs=len(running),
+        num_waiting_reqs=len(waiting),
+        kv_cache_usage=kv_cache_manager.usage,
+        prefix_cache_queries=queries,
+        prefix_cache_hits=hits,
+        num_preemptions=counts.num_preemptions,
+        external_prefix_cache_queries=counts.external_queries,
+        external_prefix_cache_hits=counts.external_hits,
+        kv_connector_stats=counts.kv_connector_stats,
+        running_lora_adapters=_adapter_counts(running) if count_adapters else {},
+        waiting_lora_adapters=_adapter_counts(waiting) if count_adapters else {},
+        spec_num_drafts=spec.num_drafts,
+        spec_num_draft_tokens=spec.num_draft_tokens,
+        spec_num_accepted_tokens=spec.num_accepted_tokens,
+        spec_num_accepted_tokens_per_pos=spec.num_accepted_tokens_per_pos,
+    )
 
 
 def _adapter_counts(requests: Iterable[Request]) -> dict[str, int]:
