@@ -34,23 +34,36 @@ def load_hf_config(path: Path, trust_remote_code: bool, revision: str | None) ->
         raise ModelLoadError(f"cannot read the model config in {path}: {e}") from None
 
 
-def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
-    """RoPE settings as one dict {rope_theta, rope_type, factor, ...} for old and new config styles.
+def rope_parameters(config: PretrainedConfig, layer_type: str | None = None) -> dict[str, Any]:
+    """RoPE settings as one dict {rope_theta, rope_type, factor, ...} for old and new config styles,
+    the one reading of them (the model's rotary embedding and the derived context length).
 
     transformers >= 5 keeps them in `rope_parameters`; older configs have `rope_theta` plus an optional
-    `rope_scaling` dict (with "type" or "rope_type")."""
+    `rope_scaling` dict (with "type" or "rope_type"). Models whose layer types rotate differently
+    (Gemma 3: a local and a global base) keep one dict per type there
+    (`{"sliding_attention": {...}, "full_attention": {...}}`): `layer_type` picks one. A scaled
+    rope type also gets the config's top-level `original_max_position_embeddings` (where Phi-3 keeps
+    it) unless its own dict states one."""
     params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
     if isinstance(params, dict) and params:
         merged = dict(params)
+        merged.setdefault("rope_theta", getattr(config, "rope_theta", None))
     else:
         merged = dict(getattr(config, "rope_scaling", None) or {})
-        theta = getattr(config, "rope_theta", None)
-        if theta is not None:
-            merged.setdefault("rope_theta", theta)
+        merged["rope_theta"] = getattr(config, "rope_theta", None)
+    if merged["rope_theta"] is None:
+        del merged["rope_theta"]
     if "type" in merged:
         legacy = merged.pop("type")
         merged.setdefault("rope_type", legacy)
     merged.setdefault("rope_type", "default")
+    if merged["rope_type"] == "su":  # the name Phi-3's first configs gave LongRoPE
+        merged["rope_type"] = "longrope"
+    original = getattr(config, "original_max_position_embeddings", None)
+    if merged["rope_type"] != "default" and original is not None:
+        merged.setdefault("original_max_position_embeddings", original)
     return merged
 
 
@@ -78,7 +91,7 @@ def derived_max_model_len(config: PretrainedConfig) -> tuple[int, str]:
     length, key = best
     scaling = rope_scaling(config)
     # Long-RoPE/llama3 configs already state the extended length; the others scale the original one.
-    if scaling is not None and scaling.get("rope_type") not in ("su", "longrope", "llama3", "default"):
+    if scaling is not None and scaling.get("rope_type") not in ("longrope", "llama3", "default"):
         factor = scaling.get("factor")
         if isinstance(factor, (int, float)) and factor > 1:
             if scaling.get("rope_type") == "yarn" and "original_max_position_embeddings" in scaling:

@@ -19,41 +19,22 @@ from typing import Any
 import torch
 from torch import nn
 
+from pagedllm.formats.hf_utils import rope_parameters
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rope_parameters_from_config(
     hf_config: Any, layer_type: str | None = None
 ) -> tuple[float, dict[str, Any] | None]:
-    """`(rope_theta, rope_scaling)` from a transformers config of either style.
-
-    transformers >= 5 keeps everything in `rope_parameters` (with `rope_theta` inside); older configs
-    have top-level `rope_theta` and `rope_scaling`. `rope_scaling` is None for the default rope type.
-    Models whose layer types rotate differently (Gemma 3: a local and a global base) keep one dict per
-    type there (`{"sliding_attention": {...}, "full_attention": {...}}`): `layer_type` picks one.
-    """
-    params = getattr(hf_config, "rope_parameters", None)
-    if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):
-        params = params[layer_type]
-    if isinstance(params, dict) and params:
-        if "rope_theta" not in params and "rope_type" not in params:
-            raise ValueError(f"per-layer-type rope_parameters are not supported by this model: {params}")
-        theta = float(params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    else:
-        theta = float(getattr(hf_config, "rope_theta", None) or 10000.0)
-        scaling = dict(getattr(hf_config, "rope_scaling", None) or {})
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type == "su":  # the name Phi-3's first configs gave LongRoPE
-        rope_type = "longrope"
-    if rope_type == "default":
-        return theta, None
-    scaling["rope_type"] = rope_type
-    # Phi-3 configs keep the pre-training length beside rope_scaling, not inside it.
-    original = getattr(hf_config, "original_max_position_embeddings", None)
-    if original is not None:
-        scaling.setdefault("original_max_position_embeddings", original)
-    return theta, scaling
+    """`(rope_theta, rope_scaling)` from a transformers config of either style (read by
+    `pagedllm.formats.hf_utils.rope_parameters`; `layer_type` picks one of a model's per-layer-type
+    settings). `rope_scaling` is None for the default rope type."""
+    params = rope_parameters(hf_config, layer_type)
+    if any(isinstance(value, dict) for value in params.values()):
+        raise ValueError(f"per-layer-type rope_parameters are not supported by this model: {params}")
+    theta = float(params.pop("rope_theta", None) or 10000.0)
+    return (theta, None) if params["rope_type"] == "default" else (theta, params)
 
 
 def table_length(max_position_embeddings: int, scaling: dict[str, Any] | None) -> int:

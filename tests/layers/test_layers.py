@@ -127,7 +127,7 @@ def test_rope_parameters_old_style_config() -> None:
 
     assert rope_parameters_from_config(Old()) == (
         1234.0,
-        {"type": "linear", "factor": 2.0, "rope_type": "linear"},
+        {"factor": 2.0, "rope_type": "linear"},
     )
 
 
