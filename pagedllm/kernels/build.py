@@ -69,7 +69,7 @@ DENSE = Library(
     "attention and decode steps use tensor ops and the compiled graphs, which are slower",
 )
 GGUF = Library(
-    "gguf", ("gguf_kernels.c",), (abi.GGUFMatvec,), "GGUF block kernels", "quantized GGUF layers cannot run"
+    "gguf", ("gguf_kernels.c", "gguf_panels.c"), (abi.GGUFMatvec,), "GGUF block kernels", "quantized GGUF layers cannot run"
 )
 INT4 = Library(
     "int4", ("int4_kernels.c",), (abi.Int4Matvec,), "4-bit (AWQ/GPTQ) kernels", "AWQ/GPTQ layers cannot run"

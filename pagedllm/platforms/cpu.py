@@ -59,6 +59,11 @@ class CpuPlatform(Platform):
         flags = cls.cpu_flags()
         return "avx512_bf16" in flags or "amx_bf16" in flags
 
+    @classmethod
+    def has_amx_bf16(cls) -> bool:
+        """Whether the CPU has AMX bf16 tiles (torch's bf16 GEMM, oneDNN, runs on them)."""
+        return "amx_bf16" in cls.cpu_flags()
+
     @staticmethod
     def tune_allocator() -> bool:
         """Keep freed memory in glibc's heap instead of returning it to the OS.

@@ -35,6 +35,7 @@ def test_sources_are_units_and_the_headers_they_include() -> None:
     # A header included through another (gguf_blocks.h includes common.h).
     assert {p.name for p in build.sources(build.GGUF)} == {
         "gguf_kernels.c",
+        "gguf_panels.c",
         "build_info.c",
         "gguf_blocks.h",
         "common.h",

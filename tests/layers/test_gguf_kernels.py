@@ -105,6 +105,7 @@ def _format_bound(x: torch.Tensor, weight: torch.Tensor, exact: torch.Tensor, in
         half_step = xd.abs().reshape(x.shape[0], -1, 32).amax(-1) / 127 / 2
         inputs = half_step.repeat_interleave(32, dim=1) @ wd.T
     else:
+        # bf16 weights where the panels or bf16 tiles take the product (gguf.takes_panels implies the latter)
         inputs = magnitude * (2.0**-9 if tiles.gemm_dtype(torch.bfloat16) == torch.bfloat16 else 0.0)
     return 1.01 * (inputs + 4 * K * 2.0**-24 * magnitude + 2.0**-9 * (exact.abs() + inputs))
 
@@ -115,9 +116,10 @@ def test_bf16_product_at_every_row_count_within_the_format_bound(
     qtype: Q, rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The layer's product of bf16 activations (the default dtype on AVX512-BF16 CPUs) at one row, a
-    few (int8 kernel) and many (dequantized tiles: bf16 ones where the CPU has native bf16 dot
-    products), against the float64 product of gguf-py's dequantization, within `_format_bound`. Tiles
-    of 9 rows, so that they span the parts' boundary (rows 20-26)."""
+    few (int8 kernel) and many (bf16 panels where the kernels have AVX512-BF16, else dequantized tiles:
+    bf16 ones where the CPU has native bf16 dot products), against the float64 product of gguf-py's
+    dequantization, within `_format_bound`. Tiles of 9 rows, so that they span the parts' boundary
+    (rows 20-26)."""
     packed, reference = _weight(qtype, np.random.default_rng(int(qtype) + 100))
     monkeypatch.setattr(tiles, "TILE_BYTES", 9 * K * 4)
     x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).bfloat16()
@@ -127,6 +129,46 @@ def test_bf16_product_at_every_row_count_within_the_format_bound(
     bound = _format_bound(x, reference, exact, rows <= gguf.int8_max_rows([int(qtype)]))
     error = (out.double() - exact).abs()
     assert (error <= bound).all(), f"{(error / bound).max():.3f} of the bound"
+
+
+@pytest.mark.skipif(not gguf_native.has_panels(), reason="the kernels have no AVX512-BF16 panel product here")
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16_out", "f32_out"])
+def test_panel_product_within_the_bf16_weight_bound(rows: int, out_dtype: torch.dtype) -> None:
+    """`matmul_panels` itself at every row count (row blocks of 6 and their remainders), over parts of
+    Q4_0, Q8_0, Q4_K, Q6_K and F16 (176 weight rows: two full 64-row panels and a 48-row one whose
+    columns beyond the weight are not written), into rows of a wider output (its row stride), against
+    the float64 product of gguf-py's dequantization within the bf16-weight bound."""
+    rng = np.random.default_rng(7)
+    parts = [_weight(q, rng) for q in (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K)]
+    f16, f16_reference = _weight(Q.F16, rng)
+    shards = [p for p, _ in parts] + [f16[:32]]
+    types = [int(q) for q in (Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.F16)]
+    reference = torch.cat([r for _, r in parts] + [f16_reference[:32]])
+    x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    wide = torch.full((rows, reference.shape[0] + 5), 7.0, dtype=out_dtype)
+    gguf_native.matmul_panels(x, shards, types, K, wide[:, : reference.shape[0]])
+    assert (wide[:, reference.shape[0] :] == 7.0).all()
+    exact = x.double() @ reference.double().T
+    bound = _format_bound(x, reference, exact, int8=False)
+    error = (wide[:, : reference.shape[0]].double() - exact).abs()
+    assert (error <= bound).all(), f"{(error / bound).max():.3f} of the bound"
+
+
+@pytest.mark.parametrize(("native", "panels", "amx", "expected"), [
+    (True, True, False, True),  # AVX512-BF16 without AMX: the panel kernel
+    (True, True, True, False),  # AMX: torch's bf16 GEMM of the dequantized tiles (oneDNN's tiles)
+    (True, False, False, False),  # kernels built without AVX512-BF16 (a forced AVX2 build)
+    (False, True, False, False),  # no native bf16: float32 tiles
+])
+def test_many_rows_take_panels_only_on_avx512_bf16_without_amx(
+    monkeypatch: pytest.MonkeyPatch, native: bool, panels: bool, amx: bool, expected: bool
+) -> None:
+    monkeypatch.setattr(tiles.CpuPlatform, "has_native_bf16", classmethod(lambda cls: native))
+    monkeypatch.setattr(gguf.CpuPlatform, "has_amx_bf16", classmethod(lambda cls: amx))
+    monkeypatch.setattr(gguf_native, "has_panels", lambda: panels)
+    assert gguf.takes_panels(torch.bfloat16) == expected
+    assert not gguf.takes_panels(torch.float32)
 
 
 @pytest.mark.parametrize("flag_set", FORCED_SETS)

@@ -61,6 +61,17 @@ def test_dtype_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert turing.default_dtype(torch.bfloat16) == torch.float16
 
 
+@pytest.mark.parametrize(
+    ("flags", "native", "amx"),
+    [(("avx2",), False, False), (("avx512_bf16",), True, False), (("avx512_bf16", "amx_bf16"), True, True)],
+)
+def test_bf16_capabilities_come_from_the_cpu_flags(
+    monkeypatch: pytest.MonkeyPatch, flags: tuple[str, ...], native: bool, amx: bool
+) -> None:
+    monkeypatch.setattr(CpuPlatform, "cpu_flags", staticmethod(lambda: flags))
+    assert CpuPlatform.has_native_bf16() == native and CpuPlatform.has_amx_bf16() == amx
+
+
 def test_cpu_budgets() -> None:
     cpu = CpuPlatform()
     assert cpu.get_cpu_count() >= 1

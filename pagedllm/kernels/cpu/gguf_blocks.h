@@ -1,7 +1,8 @@
-/* The GGUF block layouts (included by gguf_kernels.c): each type's block sizes, and 32-element block b
- * of a quantized row as 32 bytes q (unsigned for every type but Q8_0) with one scale and one minimum
- * per 16-element half, value_j = sc[j/16] * q_j - mn[j/16]: the scales by `block_scales`, the bytes by
- * `unpack_q` (portable C) or `unpack_q8x32` (AVX2, every type). */
+/* The GGUF block layouts (included by gguf_kernels.c and gguf_panels.c): each type's block sizes, and
+ * 32-element block b of a quantized row as 32 bytes q (unsigned for every type but Q8_0) with one scale
+ * and one minimum per 16-element half, value_j = sc[j/16] * q_j - mn[j/16]: the scales by
+ * `block_scales`, the bytes by `unpack_q` (portable C) or `unpack_q8x32` (AVX2, every type); and whole
+ * rows dequantized to float32 (`dequant_row`). */
 #ifndef PAGEDLLM_GGUF_BLOCKS_H
 #define PAGEDLLM_GGUF_BLOCKS_H
 #include <stdint.h>
@@ -227,5 +228,53 @@ INLINE __m256i unpack_q8x32(int t, const uint8_t *row, int64_t b) {
     case Q8_0: BODY(Q8_0); case Q2_K: BODY(Q2_K); case Q3_K: BODY(Q3_K); case Q4_K: BODY(Q4_K);       \
     case Q5_K: BODY(Q5_K); case Q6_K: BODY(Q6_K); default: break;                                     \
     }
+
+/* Bytes of a row of k elements of type t; 0 where k is not whole blocks or t unknown (gguf_kernels.c). */
+int64_t gguf_row_bytes(int t, int64_t k);
+
+/* Row r of a float-typed weight as float32 (k elements). */
+INLINE void float_row(int t, const uint8_t *row, int64_t k, float *out) {
+    if (t == F32) { memcpy(out, row, k * 4); return; }
+    const uint16_t *h = (const uint16_t *)row;
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= k; i += 8) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
+        __m256 f = t == F16 ? _mm256_cvtph_ps(v) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+        _mm256_storeu_ps(out + i, f);
+    }
+#endif
+    for (; i < k; i++) out[i] = t == F16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
+}
+
+INLINE void dequant_blocks(int t, const uint8_t *row, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 32; b++) {
+        float sc[2], mn[2];
+        block_scales(t, row, b, sc, mn);
+#ifdef __AVX2__
+        __m256i q = unpack_q8x32(t, row, b);
+        __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
+        for (int h = 0; h < 2; h++) {
+            __m256 vs = _mm256_set1_ps(sc[h]), vm = _mm256_set1_ps(mn[h]);
+            __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
+            __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
+            _mm256_storeu_ps(out + 32 * b + 16 * h, _mm256_fmsub_ps(lo, vs, vm));
+            _mm256_storeu_ps(out + 32 * b + 16 * h + 8, _mm256_fmsub_ps(hi, vs, vm));
+        }
+#else
+        int8_t q[32];
+        unpack_q(t, row, b, q);
+        for (int l = 0; l < 32; l++) out[32 * b + l] = sc[l / 16] * q[l] - mn[l / 16];
+#endif
+    }
+}
+
+/* A row of k elements dequantized to float32. */
+INLINE void dequant_row(int t, const uint8_t *row, int64_t k, float *out) {
+    if (is_float_type(t)) { float_row(t, row, k, out); return; }
+#define DEQUANT(T) dequant_blocks(T, row, k, out); return;
+    for_each_type(t, DEQUANT)
+#undef DEQUANT
+}
 
 #endif

@@ -16,6 +16,7 @@
  * F32/F16/BF16 weights are multiplied in float (no activation quantization).
  *
  * Also: rows dequantized to float32 or bfloat16 (the batched path's tiles, the embedding's gather).
+ * Products of many bf16 rows on AVX512-BF16 CPUs: gguf_panels.c.
  * Built by kernels/build.py into the gguf kernel library; bindings: layers/quant/gguf_native.py.
  */
 #include <math.h>
@@ -28,51 +29,6 @@
 int64_t gguf_row_bytes(int t, int64_t k) {
     int64_t e = block_elems(t);
     return e && k % e == 0 ? k / e * block_bytes(t) : 0;
-}
-
-/* Row r of a float-typed weight as float32 (k elements). */
-static void float_row(int t, const uint8_t *row, int64_t k, float *out) {
-    if (t == F32) { memcpy(out, row, k * 4); return; }
-    const uint16_t *h = (const uint16_t *)row;
-    int64_t i = 0;
-#ifdef __AVX2__
-    for (; i + 8 <= k; i += 8) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(h + i));
-        __m256 f = t == F16 ? _mm256_cvtph_ps(v) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
-        _mm256_storeu_ps(out + i, f);
-    }
-#endif
-    for (; i < k; i++) out[i] = t == F16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
-}
-
-INLINE void dequant_blocks(int t, const uint8_t *row, int64_t k, float *out) {
-    for (int64_t b = 0; b < k / 32; b++) {
-        float sc[2], mn[2];
-        block_scales(t, row, b, sc, mn);
-#ifdef __AVX2__
-        __m256i q = unpack_q8x32(t, row, b);
-        __m128i halves[2] = {_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)};
-        for (int h = 0; h < 2; h++) {
-            __m256 vs = _mm256_set1_ps(sc[h]), vm = _mm256_set1_ps(mn[h]);
-            __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
-            __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
-            _mm256_storeu_ps(out + 32 * b + 16 * h, _mm256_fmsub_ps(lo, vs, vm));
-            _mm256_storeu_ps(out + 32 * b + 16 * h + 8, _mm256_fmsub_ps(hi, vs, vm));
-        }
-#else
-        int8_t q[32];
-        unpack_q(t, row, b, q);
-        for (int l = 0; l < 32; l++) out[32 * b + l] = sc[l / 16] * q[l] - mn[l / 16];
-#endif
-    }
-}
-
-/* A row of k elements dequantized to float32. */
-static void dequant_row(int t, const uint8_t *row, int64_t k, float *out) {
-    if (is_float_type(t)) { float_row(t, row, k, out); return; }
-#define DEQUANT(T) dequant_blocks(T, row, k, out); return;
-    for_each_type(t, DEQUANT)
-#undef DEQUANT
 }
 
 /* Rows ids[0..n) (or 0..n when ids is NULL) of a [nrows, k] weight of type t, dequantized to out

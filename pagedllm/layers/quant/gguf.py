@@ -9,10 +9,13 @@ kernel call multiplies their row-concatenation.
 
 The product (`torch.ops.pagedllm.gguf_linear`, opaque to torch.compile) picks its path by the number
 of rows and the parts' types (`int8_max_rows`): few rows, int8 dot products on activations quantized
-per 32-element block (gguf_kernels.c; each weight block is read once for all rows); more, tiles of
-weight rows dequantized to float and multiplied by the float GEMM (`tiles.tiled_product`, shared
-with AWQ/GPTQ and fp8), which wins once the dequantization is spread over enough rows: bf16 tiles and
-GEMM for bf16 activations on CPUs with native bf16 dot products (`tiles.gemm_dtype`), else float32.
+per 32-element block (gguf_kernels.c; each weight block is read once for all rows); more, the
+weight dequantized once per call and multiplied by a float GEMM, which wins once the dequantization is
+spread over enough rows: for bf16 activations on CPUs with AVX512-BF16 and no AMX, panels of weight
+rows dequantized to bf16 into an L2-resident buffer and multiplied by `vdpbf16ps`
+(`gguf_native.matmul_panels`, `takes_panels`); elsewhere tiles of weight rows into torch's GEMM
+(`tiles.tiled_product`, shared with AWQ/GPTQ and fp8): bf16 tiles for bf16 activations on CPUs with
+native bf16 dot products (AMX: oneDNN's tile GEMM), float32 tiles otherwise (`tiles.gemm_dtype`).
 
 The embedding gathers the rows it needs and dequantizes only those; a tied LM head shares the
 embedding's quantized parameter and multiplies by it directly.
@@ -38,6 +41,7 @@ from pagedllm.layers.quant.base import (
     set_weight_loader,
 )
 from pagedllm.layers.quant.tiles import gemm_dtype, tiled_product
+from pagedllm.platforms.cpu import CpuPlatform
 from pagedllm.quant_interface import QuantizationConfig
 
 # Activation rows up to which the int8 kernel beats dequantized tiles + GEMM, per ggml type (a layer
@@ -53,6 +57,17 @@ def int8_max_rows(types: Sequence[int]) -> int:
     return min(_INT8_MAX_ROWS_BY_TYPE.get(t, INT8_MAX_ROWS) for t in types)
 
 
+def takes_panels(activations: torch.dtype) -> bool:
+    """Whether products of more rows than `int8_max_rows` take the bf16 panel kernel: bf16 activations
+    where the kernels have AVX512-BF16 and the CPU no AMX (whose tiles torch's bf16 GEMM of the
+    dequantized tiles uses, faster than the vector kernel)."""
+    return (
+        gemm_dtype(activations) == torch.bfloat16
+        and gguf_native.has_panels()
+        and not CpuPlatform.has_amx_bf16()
+    )
+
+
 def gguf_linear(
     x: torch.Tensor, shards: list[torch.Tensor], types: list[int], out_features: int
 ) -> torch.Tensor:
@@ -65,6 +80,10 @@ def gguf_linear(
         out = torch.empty(m, out_features, dtype=x.dtype)
         if m:
             gguf_native.matmul(x, shards, types, k, out)
+        return out
+    if takes_panels(x.dtype):
+        out = torch.empty(m, out_features, dtype=x.dtype)
+        gguf_native.matmul_panels(x, shards, types, k, out)
         return out
     starts = list(itertools.accumulate((s.shape[0] for s in shards), initial=0))
 
