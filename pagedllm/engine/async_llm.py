@@ -91,7 +91,7 @@ class AsyncLLM:
             functools.partial(check_supports_watermarking, engine_config),
             engine_config.scheduler_config.policy,
         )
-        # Constraints (JSON schemas, regexes, grammars) are checked off the event loop.
+        # Constraints (JSON schemas, regexes, grammars) are checked in a child process, off the event loop.
         self.constraint_checker = ConstraintChecker(engine_config.structured_outputs_config)
         self.observer = RequestObserver.from_config(engine_config, model_name, log_requests)
         self.output_processor = OutputProcessor(
@@ -375,6 +375,7 @@ class AsyncLLM:
                 await task
         # Synchronous on purpose: the sockets belong to this loop, and nothing else is served any more.
         self.client.shutdown()
+        self.constraint_checker.close()
         if self.observer is not None:
             self.observer.shutdown()
 

@@ -228,7 +228,7 @@ class InputProcessor:
     def _prepare_structured_outputs(self, constraint: StructuredOutputsParams) -> None:
         """Apply the engine's defaults, pick the backend and check the schema / regex / grammar now, so
         a bad one is a RequestError for this request and never reaches the core. A constraint whose
-        backend is already resolved was checked by the server's `ConstraintChecker`, off its event loop."""
+        backend is already resolved was checked by the server's `ConstraintChecker`, in a child process."""
         cfg = self.check_structured_outputs_enabled()
         if constraint.resolved_backend is None:
             apply_engine_config(constraint, cfg)

@@ -297,7 +297,8 @@ def apply_switches(params: StructuredOutputsParams, config: Any) -> None:
 def apply_engine_config(params: StructuredOutputsParams, config: Any) -> None:
     """Apply a StructuredOutputsConfig to a request's constraint: check its limits, apply its switches,
     and pick the backend (validating the constraint on the way: the grammar engine's conversion, which
-    can take a while: the server runs it off its event loop, `ConstraintChecker`)."""
+    can take a while: the server runs it in a child process that it kills at a deadline,
+    `ConstraintChecker`)."""
     check_limits(params, config)
     apply_switches(params, config)
     params.resolved_backend = resolve_backend(params, config.backend, config.disable_fallback)

@@ -11,7 +11,8 @@ is pickled: the server receives constraint text and the vocabulary's tokenizer i
 compiled grammars as JSON; a reader thread hands each result to its waiter. The server follows the
 engine, not the process group (it ignores SIGTERM and SIGINT), and exits when the engine does: at end of
 file on its pipe, or by `PR_SET_PDEATHSIG`, which fires when the thread that started it ends (one of the
-manager's pool threads, which live as long as the engine).
+manager's pool threads, which live as long as the engine; the API server's event-loop thread for its
+`ConstraintChecker`, which uses a server of its own).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ logger = logging.getLogger("pagedllm.structured_output")
 
 # Beyond its deadline, how long a job may take to come back before the server counts as hung: forking a
 # worker and building a compiler from an Init, on a loaded machine.
-_GRACE_S = 60.0
+GRACE_S = 60.0
 # How long the server may take to start (import the grammar engines and torch) on a loaded machine.
-_START_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 600.0
 
 
 class CompileTimeoutError(RequestError):
@@ -118,6 +119,9 @@ class _Server:
             if isinstance(message, Job):
                 message.job_id = next(self._ids)
                 future = self.pending[message.job_id] = Future()
+                # Running: it cannot be cancelled (an asyncio waiter that gives up cancels what it wraps),
+                # so the reader can always set its result.
+                future.set_running_or_notify_cancel()
             try:
                 self.to_server.send_bytes(msgspec.msgpack.encode(message))
             except OSError as e:
@@ -125,11 +129,18 @@ class _Server:
                 raise CompileWorkerError("the grammar compile server exited") from e
         return future
 
+    def mark_hung(self, waited_s: float) -> None:
+        """The server did not answer a job in ``waited_s`` seconds: the next start replaces it."""
+        logger.error("the grammar compile server did not answer in %.0f s: restarting it", waited_s)
+        with self.lock:
+            self.dead = True
+
     def stop(self) -> None:
-        """Close the pipes (the server kills its workers and exits) and reap the server."""
+        """Close the pipes (the server kills its workers and exits) and reap the server; one already
+        dead (exited, or hung) is killed at once."""
         self.to_server.close()
         try:
-            self.proc.wait(5)
+            self.proc.wait(0 if self.dead else 5)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -152,6 +163,16 @@ class CompileClient:
 
     def start(self) -> _Server:
         """The running server (started now if there is none: seconds, it imports the grammar engines)."""
+        server = self.spawn()
+        if not server.ready.wait(START_TIMEOUT_S) or server.dead:
+            raise CompileWorkerError(
+                f"the grammar compile server did not start (exit code {server.proc.poll()})"
+            )
+        return server
+
+    def spawn(self) -> _Server:
+        """The server, started now if there is none, perhaps not ready yet (``ready`` tells). It dies with
+        the thread that started it: call this from a thread that lives as long as the client."""
         with self._lock:
             if self._closed:
                 raise CompileWorkerError("the engine is shutting down")
@@ -161,12 +182,7 @@ class CompileClient:
                 self._server = _Server(self.max_workers)
                 self._finalizer.detach()
                 self._finalizer = weakref.finalize(self, _stop, [self._server])
-            server = self._server
-        if not server.ready.wait(_START_TIMEOUT_S) or server.dead:
-            raise CompileWorkerError(
-                f"the grammar compile server did not start (exit code {server.proc.poll()})"
-            )
-        return server
+            return self._server
 
     def compile(
         self,
@@ -191,25 +207,15 @@ class CompileClient:
         future = server.send(job)
         assert future is not None
         try:
-            result = future.result(timeout + _GRACE_S)
+            result = future.result(timeout + GRACE_S)
         except TimeoutError:
-            logger.error(
-                "the grammar compile server did not answer in %.0f s: restarting it", timeout + _GRACE_S
-            )
-            with server.lock:
-                server.dead = True
+            server.mark_hung(timeout + GRACE_S)
             raise CompileWorkerError("the grammar compile server did not answer") from None
-        if result.status == "ok":
-            return result.backend, result.payload
-        if result.status == "timeout":
-            raise CompileTimeoutError(
-                "structured_outputs",
-                f"structured_outputs.{params.kind} did not compile within {timeout:g} s "
-                "(structured_outputs_config.compile_timeout_s): simplify the constraint",
-            )
-        if result.status == "died":
-            raise CompileWorkerError(f"the grammar compile worker died ({result.error})")
-        raise RequestError("structured_outputs", result.error)
+        return outcome(
+            result,
+            f"structured_outputs.{params.kind} did not compile within {timeout:g} s "
+            "(structured_outputs_config.compile_timeout_s): simplify the constraint",
+        )
 
     def server_pid(self) -> int | None:
         with self._lock:
@@ -220,6 +226,18 @@ class CompileClient:
         with self._lock:
             self._closed = True
         self._finalizer()
+
+
+def outcome(result: Result, timeout_message: str) -> tuple[str, str]:
+    """(backend, payload) of a job's result; else CompileTimeoutError with ``timeout_message`` for a job
+    past its deadline, CompileWorkerError for a worker that died, RequestError for a bad constraint."""
+    if result.status == "ok":
+        return result.backend, result.payload
+    if result.status == "timeout":
+        raise CompileTimeoutError("structured_outputs", timeout_message)
+    if result.status == "died":
+        raise CompileWorkerError(f"the grammar compile worker died ({result.error})")
+    raise RequestError("structured_outputs", result.error)
 
 
 def _stop(servers: list[_Server | None]) -> None:

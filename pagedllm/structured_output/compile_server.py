@@ -1,5 +1,7 @@
 """The grammar compile server: a child process of the engine that compiles grammars in forked workers,
-each compilation under a deadline.
+each compilation under a deadline. The API server has one too, for its check of a request's constraint
+(a `check_only` job: the grammar engine's conversion, without a vocabulary), so that a check past its
+deadline is killed as well.
 
 `python -m pagedllm.structured_output.compile_server READ_FD WRITE_FD PARENT_PID MAX_WORKERS`, started by
 `compile_client.CompileClient`. It imports the grammar engines once, then forks a worker per slot (a
@@ -46,6 +48,8 @@ class Job(msgspec.Struct, tag=True):
     backend: str
     disable_fallback: bool
     timeout_s: float
+    # Only resolve the backend (which converts, and so validates, the constraint): the front-end's check.
+    check_only: bool = False
 
 
 class Result(msgspec.Struct):
@@ -190,6 +194,8 @@ def _compile(job: Job, compilers: dict[str, Any]) -> Result:
     params = job.params
     try:
         backend = params.resolved_backend or resolve_backend(params, job.backend, job.disable_fallback)
+        if job.check_only:
+            return Result(job.job_id, "ok", backend)
         payload = BACKEND_CLASSES[backend].compile_payload(params, compilers.get(backend))
         return Result(job.job_id, "ok", backend, payload)
     except ValueError as e:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import httpx
 import openai
+import psutil
 import pytest
 from remote_server import MODEL_NAME, RemoteServer
 
@@ -324,19 +325,61 @@ class HealthProbe:
         assert len(self.latencies) >= 5 and max(self.latencies) < 3.0, self.latencies
 
 
-def test_a_schema_slow_to_check_is_refused_within_the_budget_and_health_answers(
+def _compile_servers(parent: psutil.Process) -> list[psutil.Process]:
+    return [p for p in parent.children() if "pagedllm.structured_output.compile_server" in p.cmdline()]
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def test_a_schema_slow_to_check_is_refused_within_the_budget_and_its_check_is_killed(
     server: RemoteServer, http: httpx.Client
 ) -> None:
-    # 90 bytes that xgrammar converts in seconds (the conversion grows faster than the count: 1.5 s for
-    # 5000 on a quiet Zen 5, 27 s for 20000), on the event loop before: nothing else ran meanwhile.
-    slow = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-z]{1,10000}"}}}
+    # 90 bytes that xgrammar converts for half a minute (the conversion grows faster than the count: 1.5 s
+    # for 5000 on a quiet Zen 5, 27 s for 20000): on the event loop before, nothing else ran meanwhile;
+    # then in a thread of the server's, which went on converting (a core busy) long after the 400.
+    slow = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "[a-z]{1,20000}"}}}
+    # A first constraint starts the server's compile server (it imports the grammar engines: not timed);
+    # its check leaves one idle worker, the one the next check runs in.
+    good = {**COMPLETION, "guided_choice": ["yes", "no"]}
+    assert http.post("/v1/completions", json=good).status_code == 200
+    api = server.psutil_proc
+    compile_servers = _compile_servers(api)
+    workers = [worker for process in compile_servers for worker in process.children()]
+    answers: dict[str, httpx.Response] = {}
+
+    def send_slow() -> None:
+        answers["slow"] = http.post("/v1/chat/completions", json={**CHAT, "response_format": slow})
+
     with HealthProbe(server.url) as probe:
         start = time.monotonic()
-        message = _error(http.post("/v1/chat/completions", json={**CHAT, "response_format": slow}), 400, "response_format")
+        thread = threading.Thread(target=send_slow)
+        thread.start()
+        # Other requests are served while the constraint is being checked.
+        answers["other"] = http.post("/v1/completions", json={**COMPLETION, "max_tokens": 4}, timeout=60)
+        thread.join(120)
         elapsed = time.monotonic() - start
-        time.sleep(1)  # the conversion goes on in its thread: probes keep being answered meanwhile
+        # Nothing of the check goes on after its 400: its worker was killed, and the server's own process
+        # (which converted in a thread before: a core's worth while it got one, 0.5 s of 2 s at a load of
+        # 7 per core) is idle but for the probes (0.02 s).
+        _, alive = psutil.wait_procs(workers, timeout=5)
+        cpu_before = _cpu_seconds(api)
+        time.sleep(3)
+        cpu_spent = _cpu_seconds(api) - cpu_before
+    message = _error(answers["slow"], 400, "response_format")
     assert f"could not be checked within {VALIDATION_TIMEOUT_S} s" in message and elapsed < 30, (message, elapsed)
+    assert "validation_timeout_s" in message
+    assert answers["other"].status_code == 200, answers["other"].text
+    assert cpu_spent < 0.2, cpu_spent
+    assert len(compile_servers) == 1 and len(workers) == 1, (compile_servers, workers)
+    assert alive == [], alive
     probe.check()
+    # The next constraint is checked by a fresh worker of the same compile server.
+    assert http.post("/v1/completions", json=good).status_code == 200
+    assert _compile_servers(api) == compile_servers
+    assert workers[0] not in compile_servers[0].children()
 
 
 def _waiting_requests(server: RemoteServer) -> float:
