@@ -85,7 +85,7 @@ def _check_kernels(qtype: Q, monkeypatch: pytest.MonkeyPatch) -> None:
     # so that tiles span the parts' boundary (as a fused q/k/v layer's do); the layer's output is
     # then sliced by part, as the model splits it.
     monkeypatch.setattr(tiles, "TILE_BYTES", 7 * K * 4)
-    xs = torch.randn(gguf.int8_max_rows([int(qtype)]) + 5, K, generator=torch.Generator().manual_seed(1))
+    xs = torch.randn(gguf.int8_max_rows([int(qtype)], panels=False) + 5, K, generator=torch.Generator().manual_seed(1))
     many = gguf.gguf_linear(xs, [packed[:20], packed[20:]], [int(qtype)] * 2, N)
     expected = xs @ reference.T
     for part in (slice(0, 20), slice(20, N)):
@@ -110,7 +110,7 @@ def _format_bound(x: torch.Tensor, weight: torch.Tensor, exact: torch.Tensor, in
     return 1.01 * (inputs + 4 * K * 2.0**-24 * magnitude + 2.0**-9 * (exact.abs() + inputs))
 
 
-@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("rows", [1, 4, 7, 64, 300])
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_bf16_product_at_every_row_count_within_the_format_bound(
     qtype: Q, rows: int, monkeypatch: pytest.MonkeyPatch
@@ -126,7 +126,8 @@ def test_bf16_product_at_every_row_count_within_the_format_bound(
     out = gguf.gguf_linear(x, [packed[:20], packed[20:]], [int(qtype)] * 2, N)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, N)
     exact = x.double() @ reference.double().T
-    bound = _format_bound(x, reference, exact, rows <= gguf.int8_max_rows([int(qtype)]))
+    int8 = rows <= gguf.int8_max_rows([int(qtype)], gguf.takes_panels(torch.bfloat16))
+    bound = _format_bound(x, reference, exact, int8)
     error = (out.double() - exact).abs()
     assert (error <= bound).all(), f"{(error / bound).max():.3f} of the bound"
 
@@ -184,9 +185,13 @@ def test_forced_builds_match(flag_set: str, monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_row_switch_takes_the_smallest_of_the_parts_types(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gguf, "_INT8_MAX_ROWS_BY_TYPE", {int(Q.Q4_1): 8, int(Q.Q6_K): 2})
-    assert gguf.int8_max_rows([int(Q.Q4_1)]) == 8
-    assert gguf.int8_max_rows([int(Q.Q4_1), int(Q.Q6_K)]) == 2
-    assert gguf.int8_max_rows([int(Q.F16)]) == gguf.INT8_MAX_ROWS
+    assert gguf.int8_max_rows([int(Q.Q4_1)], panels=False) == 8
+    assert gguf.int8_max_rows([int(Q.Q4_1), int(Q.Q6_K)], panels=False) == 2
+    assert gguf.int8_max_rows([int(Q.F16)], panels=False) == gguf.INT8_MAX_ROWS
+    monkeypatch.setattr(gguf, "_PANELS_INT8_MAX_ROWS_BY_TYPE", {int(Q.Q8_0): 6, int(Q.Q6_K): 3})
+    assert gguf.int8_max_rows([int(Q.Q8_0)], panels=True) == 6
+    assert gguf.int8_max_rows([int(Q.Q8_0), int(Q.Q6_K)], panels=True) == 3
+    assert gguf.int8_max_rows([int(Q.Q4_1)], panels=True) == gguf.PANELS_INT8_MAX_ROWS
 
 
 def test_bfloat16_activations_and_mixed_shard_types() -> None:

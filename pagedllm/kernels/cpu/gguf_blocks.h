@@ -2,7 +2,7 @@
  * 32-element block b of a quantized row as 32 bytes q (unsigned for every type but Q8_0) with one scale
  * and one minimum per 16-element half, value_j = sc[j/16] * q_j - mn[j/16]: the scales by
  * `block_scales`, the bytes by `unpack_q` (portable C) or `unpack_q8x32` (AVX2, every type); and whole
- * rows dequantized to float32 (`dequant_row`). */
+ * rows or ranges of a row dequantized to float32 (`dequant_row`, `dequant_range`). */
 #ifndef PAGEDLLM_GGUF_BLOCKS_H
 #define PAGEDLLM_GGUF_BLOCKS_H
 #include <stdint.h>
@@ -247,8 +247,9 @@ INLINE void float_row(int t, const uint8_t *row, int64_t k, float *out) {
     for (; i < k; i++) out[i] = t == F16 ? f16_to_float(h[i]) : bf16_to_float(h[i]);
 }
 
-INLINE void dequant_blocks(int t, const uint8_t *row, int64_t k, float *out) {
-    for (int64_t b = 0; b < k / 32; b++) {
+/* Blocks b0..b1 (32 elements each) of a quantized row of type t dequantized to float32 at out. */
+INLINE void dequant_blocks(int t, const uint8_t *row, int64_t b0, int64_t b1, float *out) {
+    for (int64_t b = b0; b < b1; b++, out += 32) {
         float sc[2], mn[2];
         block_scales(t, row, b, sc, mn);
 #ifdef __AVX2__
@@ -258,23 +259,26 @@ INLINE void dequant_blocks(int t, const uint8_t *row, int64_t k, float *out) {
             __m256 vs = _mm256_set1_ps(sc[h]), vm = _mm256_set1_ps(mn[h]);
             __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(halves[h]));
             __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(halves[h], 8)));
-            _mm256_storeu_ps(out + 32 * b + 16 * h, _mm256_fmsub_ps(lo, vs, vm));
-            _mm256_storeu_ps(out + 32 * b + 16 * h + 8, _mm256_fmsub_ps(hi, vs, vm));
+            _mm256_storeu_ps(out + 16 * h, _mm256_fmsub_ps(lo, vs, vm));
+            _mm256_storeu_ps(out + 16 * h + 8, _mm256_fmsub_ps(hi, vs, vm));
         }
 #else
         int8_t q[32];
         unpack_q(t, row, b, q);
-        for (int l = 0; l < 32; l++) out[32 * b + l] = sc[l / 16] * q[l] - mn[l / 16];
+        for (int l = 0; l < 32; l++) out[l] = sc[l / 16] * q[l] - mn[l / 16];
 #endif
     }
 }
 
-/* A row of k elements dequantized to float32. */
-INLINE void dequant_row(int t, const uint8_t *row, int64_t k, float *out) {
-    if (is_float_type(t)) { float_row(t, row, k, out); return; }
-#define DEQUANT(T) dequant_blocks(T, row, k, out); return;
+/* Elements e0..e1 (multiples of 32) of a row of type t dequantized to float32 at out. */
+INLINE void dequant_range(int t, const uint8_t *row, int64_t e0, int64_t e1, float *out) {
+    if (is_float_type(t)) { float_row(t, row + e0 * block_bytes(t), e1 - e0, out); return; }
+#define DEQUANT(T) dequant_blocks(T, row, e0 / 32, e1 / 32, out); return;
     for_each_type(t, DEQUANT)
 #undef DEQUANT
 }
+
+/* A row of k elements dequantized to float32. */
+INLINE void dequant_row(int t, const uint8_t *row, int64_t k, float *out) { dequant_range(t, row, 0, k, out); }
 
 #endif

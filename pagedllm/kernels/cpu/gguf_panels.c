@@ -38,22 +38,62 @@ static const uint8_t *weight_row(int64_t nshards, const uint8_t *const *w, const
     return w[s] + r * gguf_row_bytes(*t, k);
 }
 
-/* Rows n0..n0+nc of W into the panel (nc <= np; the columns beyond nc zero), via a float32 row. */
+/* The 16 x 16 transpose of 32-bit units: v[i] unit j becomes v[j] unit i. */
+INLINE void transpose16(__m512i v[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        v[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        v[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        v[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        v[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    /* Each 128-bit lane now holds a 4 x 4 block transposed; the 128-bit shuffles move the blocks. */
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(v[i], v[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(v[i + 8], v[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(v[i + 8], v[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        v[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        v[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* Elements dequantized per row per step of the panel's packing: 16 rows of them as float32 (16 KB)
+ * stay in L1 while they are transposed. */
+#define PACK_STEP 256
+
+/* Rows n0..n0+nc of W into the panel (nc <= np; the columns beyond nc zero): per 16 rows and
+ * PACK_STEP elements, each row dequantized to float32, 32 elements at a time rounded to 16 bf16 pairs
+ * (one vector a row), and the 16 x 16 pairs transposed so that each k-step's 16 columns are one store. */
 static void pack_panel(int64_t nshards, const uint8_t *const *w, const int32_t *types, const int64_t *rows,
                        int64_t k, int64_t n0, int nc, int np, float *tmp, uint32_t *panel) {
-    for (int n = 0; n < np; n++) {
-        if (n >= nc) {
-            for (int64_t p = 0; p < k / 2; p++) panel[p * np + n] = 0;
-            continue;
-        }
-        int t;
-        const uint8_t *row = weight_row(nshards, w, types, rows, k, n0 + n, &t);
-        dequant_row(t, row, k, tmp);
-        for (int64_t i = 0; i < k; i += 16) {
-            /* 16 floats to 16 bf16 (nearest even) = 8 pairs, each a 32-bit unit of its own k-step. */
-            uint32_t pairs[8];
-            _mm256_storeu_si256((__m256i *)pairs, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(tmp + i)));
-            for (int j = 0; j < 8; j++) panel[(i / 2 + j) * np + n] = pairs[j];
+    for (int g = 0; g < np; g += 16) {
+        for (int64_t e0 = 0; e0 < k; e0 += PACK_STEP) {
+            int64_t len = k - e0 < PACK_STEP ? k - e0 : PACK_STEP;
+            for (int r = 0; r < 16; r++) {
+                if (g + r >= nc) {
+                    memset(tmp + r * PACK_STEP, 0, len * sizeof(float));
+                    continue;
+                }
+                int t;
+                const uint8_t *row = weight_row(nshards, w, types, rows, k, n0 + g + r, &t);
+                dequant_range(t, row, e0, e0 + len, tmp + r * PACK_STEP);
+            }
+            for (int64_t i = 0; i < len; i += 32) {
+                __m512i v[16];
+                for (int r = 0; r < 16; r++) {
+                    const float *f = tmp + r * PACK_STEP + i;
+                    v[r] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(f + 16), _mm512_loadu_ps(f));
+                }
+                transpose16(v);
+                for (int q = 0; q < 16; q++) _mm512_storeu_si512(panel + ((e0 + i) / 2 + q) * np + g, v[q]);
+            }
         }
     }
 }
@@ -128,7 +168,7 @@ int gguf_matmul_panels(int64_t nshards, const uint8_t *const *w, const int32_t *
     const int np = panel_width(k);
 #pragma omp parallel
     {
-        float *tmp = malloc(k * sizeof(float));
+        float *tmp = malloc(16 * PACK_STEP * sizeof(float));
         uint32_t *panel = aligned_alloc(64, (size_t)np * k * 2);
 #pragma omp for schedule(static)
         for (int64_t n0 = 0; n0 < total; n0 += np) {

@@ -50,10 +50,17 @@ from pagedllm.quant_interface import QuantizationConfig
 # model's float tiles do not stay cached.
 INT8_MAX_ROWS = 8
 _INT8_MAX_ROWS_BY_TYPE = {GGMLQuantizationType.Q4_0: 12, GGMLQuantizationType.Q8_0: 16, GGMLQuantizationType.Q2_K: 12}
+# The same against the bf16 panel kernel (`takes_panels`), whose dequantization is cheaper than the
+# tiles' and needs no GEMM call: measured one thread on Zen 5 (benchmarks/RESULTS.md, 2026-12-07 night).
+PANELS_INT8_MAX_ROWS = 5
+_PANELS_INT8_MAX_ROWS_BY_TYPE = {GGMLQuantizationType.Q8_0: 6, GGMLQuantizationType.Q6_K: 3}
 
 
-def int8_max_rows(types: Sequence[int]) -> int:
-    """Activation rows up to which a layer of parts of ggml `types` takes the int8 kernel."""
+def int8_max_rows(types: Sequence[int], panels: bool) -> int:
+    """Activation rows up to which a layer of parts of ggml `types` takes the int8 kernel, against the
+    panel kernel where `panels` (see `takes_panels`), else against the tiles."""
+    if panels:
+        return min(_PANELS_INT8_MAX_ROWS_BY_TYPE.get(t, PANELS_INT8_MAX_ROWS) for t in types)
     return min(_INT8_MAX_ROWS_BY_TYPE.get(t, INT8_MAX_ROWS) for t in types)
 
 
@@ -76,12 +83,13 @@ def gguf_linear(
     if x.stride(1) != 1:
         x = x.contiguous()
     m = x.shape[0]
-    if m <= int8_max_rows(types):
+    panels = takes_panels(x.dtype)
+    if m <= int8_max_rows(types, panels):
         out = torch.empty(m, out_features, dtype=x.dtype)
         if m:
             gguf_native.matmul(x, shards, types, k, out)
         return out
-    if takes_panels(x.dtype):
+    if panels:
         out = torch.empty(m, out_features, dtype=x.dtype)
         gguf_native.matmul_panels(x, shards, types, k, out)
         return out
