@@ -156,6 +156,18 @@ def test_panel_product_within_the_bf16_weight_bound(rows: int, out_dtype: torch.
     assert (error <= bound).all(), f"{(error / bound).max():.3f} of the bound"
 
 
+@pytest.mark.skipif(not gguf_native.has_panels(), reason="the kernels have no AVX512-BF16 panel product here")
+def test_panel_product_of_a_row_is_the_same_at_any_row_count() -> None:
+    """Each row's sums run in one order whatever the row count and the row's place in its row block
+    (README, Reproducibility): rows 3-9 of a 300-row product equal the 7-row product, bitwise."""
+    packed, _ = _weight(Q.Q4_K, np.random.default_rng(9))
+    x = torch.randn(300, K, generator=torch.Generator().manual_seed(9)).bfloat16()
+    many, few = torch.empty(300, N, dtype=torch.bfloat16), torch.empty(7, N, dtype=torch.bfloat16)
+    gguf_native.matmul_panels(x, [packed], [int(Q.Q4_K)], K, many)
+    gguf_native.matmul_panels(x[3:10], [packed], [int(Q.Q4_K)], K, few)
+    assert torch.equal(many[3:10], few)
+
+
 @pytest.mark.parametrize(("native", "panels", "amx", "expected"), [
     (True, True, False, True),  # AVX512-BF16 without AMX: the panel kernel
     (True, True, True, False),  # AMX: torch's bf16 GEMM of the dequantized tiles (oneDNN's tiles)
