@@ -170,10 +170,6 @@ class CompiledForward:
             block.forward = functools.partial(self._run_block, block, signature)  # type: ignore[method-assign]
         self.native = model.native_decoder() if isinstance(model, SupportsNativeDecode) else None
 
-    def release_native(self) -> None:
-        if self.native is not None:
-            self.native.release()
-
     def _compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[0] != 1 or not self._compile_head:
             return self._logits_fn(self.model, hidden_states)

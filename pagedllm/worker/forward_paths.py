@@ -1,10 +1,12 @@
 """Which way a step's forward runs, chosen here per step class and named:
 
 * `native-c`: the model's native C body (`SupportsNativeDecode`, e.g. `models/native/llama_decode.py`)
-  for steps of at most its `max_rows` tokens, at O1 and up. It declines a step it cannot run (a
-  prompt row, an active LoRA adapter, no attention metadata), which then takes the next way.
+  for steps of at most its `max_rows` tokens, at O1 and up; at O0 only a body that runs every step
+  (`invariant_body`: bfloat16 batch invariance, which O0 keeps, as that body compiles nothing). It
+  declines a step it cannot run (a prompt row, an active LoRA adapter, no attention metadata), which
+  then takes the next way.
 * `compiled`: the decoder blocks' graphs of the step's shape class (`CompiledForward`), at O1 and up.
-* `eager`: the module itself (O0, batch invariance, pooling models, pipeline stages).
+* `eager`: the module itself (O0, `PAGEDLLM_BATCH_INVARIANT`, pooling models, pipeline stages).
 
 The first step of each (path, step class) is logged at debug level (`decode path: native-c for steps
 of 1..8 tokens`), and every step is counted by path: `pagedllm bench latency` reports the counts.
@@ -18,8 +20,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
-from pagedllm.models.interfaces import NativeDecoder
+from pagedllm.models.interfaces import NativeDecoder, SupportsNativeDecode
 
 logger = logging.getLogger("pagedllm.worker")
 
@@ -30,6 +33,18 @@ class DecodePath(enum.Enum):
     NATIVE_C = "native-c"
     COMPILED = "compiled"
     EAGER = "eager"
+
+
+def invariant_body(model: nn.Module) -> NativeDecoder | None:
+    """The model's native body where it runs every step (a bfloat16 model's batch-invariant body), for
+    a forward that compiles nothing (O0, `enforce_eager`); None where it has none or runs decode rows
+    only (that shortcut pairs with the compiled graphs: at O0 the module runs those steps).
+
+    Without it an O0 step ran the module, whose products' rounding depends on the step's row count: a
+    request's prompt tail after a prefix-cache hit, or a chunk of it, rounded differently from the same
+    tokens in a whole prompt, and a greedy request could change its answer when asked again."""
+    native = model.native_decoder() if isinstance(model, SupportsNativeDecode) else None
+    return native if native is not None and native.runs_every_step(bound=False) else None
 
 
 class ForwardPaths:

@@ -45,6 +45,7 @@ from pagedllm.layers.sampler import Sampler
 from pagedllm.lora.manager import LoRAManager
 from pagedllm.metrics.tracing import step_span
 from pagedllm.models import drafters, get_model
+from pagedllm.models.interfaces import NativeDecoder
 from pagedllm.platforms import current_platform
 from pagedllm.sample.metadata import build_sampling_metadata, make_generator
 from pagedllm.sample.row_tokens import RowTokens
@@ -55,7 +56,7 @@ from pagedllm.structured_output.bitmask import apply_grammar_bitmask
 from pagedllm.worker.batch_invariant import BatchInvariantMode
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.distributed_sampling import sample_on_output_rank
-from pagedllm.worker.forward_paths import ForwardPaths
+from pagedllm.worker.forward_paths import ForwardPaths, invariant_body
 from pagedllm.worker.input_batch import InputBatch
 from pagedllm.worker.kv_cache import (
     resolve_cache_dtype,
@@ -143,6 +144,8 @@ class ModelRunner(RunnerStartup):
         # The adapters and each batch row's slot, when LoRA is enabled.
         self.lora: LoRAManager | None = None
         self._forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # At O0, the model's native body where it runs every step (see `load_model`).
+        self._eager_native: NativeDecoder | None = None
         # The way each step's forward runs (native-c, compiled, eager), chosen per step class.
         self.forward_paths: ForwardPaths | None = None
         # Whether the forward returns `(hidden, aux)` for an EAGLE-3 head (`load_model` decides).
@@ -199,10 +202,12 @@ class ModelRunner(RunnerStartup):
             # Stages run eagerly: the compiled shape classes and native decode cover whole models.
             self._forward = PipelineStageForward(self.model, self.model_config.get_hidden_size(), self.dtype)
         compiled = self._forward if isinstance(self._forward, CompiledForward) else None
+        # O0 compiles nothing, and neither does a native body that runs every step: it serves O0's
+        # steps too, so -O0 / enforce_eager keep bfloat16 batch invariance (README: Reproducibility).
+        serves_o0 = self._forward is self.model and not eager
+        self._eager_native = invariant_body(self.model) if serves_o0 else None
         self.forward_paths = ForwardPaths(
-            self._forward,
-            lambda: compiled.native if compiled is not None else None,
-            compiled.describe_step if compiled is not None else None,
+            self._forward, self._step_native, compiled.describe_step if compiled is not None else None
         )
         logger.info(
             "loaded %s (%.1f MiB of weights)", self.model_config.architecture, self.weights_bytes() / 2**20
@@ -244,10 +249,24 @@ class ModelRunner(RunnerStartup):
         out = self.forward_paths(input_ids, positions)
         return out if self._aux_outputs else (out, [])  # type: ignore[return-value]
 
+    def native_body(self) -> NativeDecoder | None:
+        """The model's native body this runner's steps may run: the compiled forward's (tests drop it
+        there), else the one O0 keeps for batch invariance."""
+        return self._forward.native if isinstance(self._forward, CompiledForward) else self._eager_native
+
+    def _step_native(self) -> NativeDecoder | None:
+        native = self.native_body()
+        if native is None or isinstance(self._forward, CompiledForward):
+            return native
+        # At O0 only while it runs every step (not once a LoRA adapter is loaded, or where the bound
+        # cache's layout leaves it decode rows only): the module runs the rest.
+        return native if native.runs_every_step(bound=True) else None
+
     def release_native_bindings(self) -> None:
         """Drop what a native forward keeps of the weights and caches (sleep mode frees them)."""
-        if isinstance(self._forward, CompiledForward):
-            self._forward.release_native()
+        native = self.native_body()
+        if native is not None:
+            native.release()
 
     # ------------------------------------------------------------------------------- stepping
     def _update_states(self, so: SchedulerOutput) -> None:

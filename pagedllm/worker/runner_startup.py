@@ -22,6 +22,7 @@ from pagedllm.distributed.parallel_state import get_pp_group
 from pagedllm.forward_context import set_forward_context
 from pagedllm.kv_cache_interface import KVCacheSpec, allocate_zeroed
 from pagedllm.lora.manager import LoRAManager
+from pagedllm.models.interfaces import NativeDecoder
 from pagedllm.spec_decode.runner import SpecDecodeRunner
 from pagedllm.worker.compiled_forward import CompiledForward
 from pagedllm.worker.kv_cache import (
@@ -55,6 +56,7 @@ class RunnerStartup:
     kv_connector: KVConnectorBase | None
     _require_model: Callable[[], nn.Module]
     _run_forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, list[torch.Tensor]]]
+    native_body: Callable[[], NativeDecoder | None]
 
     def weights_bytes(self) -> int:
         model = self._require_model()
@@ -102,7 +104,7 @@ class RunnerStartup:
         and sampling batch, to measure peak activation memory."""
         model = self._require_model()
         n = self.max_num_tokens
-        native = self._forward.native if isinstance(self._forward, CompiledForward) else None
+        native = self.native_body()
         if native is not None and native.runs_every_step(bound=False):
             # The native body will run every step: its buffers are the activations (no graph compiled).
             native.reserve(n)

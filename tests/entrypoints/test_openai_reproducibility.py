@@ -21,9 +21,10 @@ MESSAGES = [{"role": "user", "content": "Write a short poem about the sea."}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RemoteServer]:
-    # The other server tests run -O0 (no compilation); this one the default level where it is batch-
-    # invariant (bfloat16: the native body runs every step and no graph is compiled at start). In float32
-    # -O0 keeps the start fast: only the tokens are guaranteed there, and they are what is compared.
+    # The other server tests run -O0 (no compilation; in bfloat16 the native body runs every step there
+    # too); this one the default levels' way (bfloat16: the native body runs every step and no graph is
+    # compiled at start). In float32 -O0 keeps the start fast: only the tokens are guaranteed there, and
+    # they are what is compared.
     remote = RemoteServer(extra_args=["-O2"] if bitwise_here() else [])
     try:
         yield remote
