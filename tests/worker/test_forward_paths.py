@@ -1,5 +1,5 @@
 """The runner's choice of way per step (native-c, compiled, eager): by step class, counted, and each
-(path, step class) logged once at debug level."""
+(path, step class) logged once at debug level; and which native body O0 keeps."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import logging
 
 import pytest
 import torch
+from torch import nn
 
-from pagedllm.worker.forward_paths import ForwardPaths
+from pagedllm.worker.forward_paths import ForwardPaths, invariant_body
 
 
 class _Native:
@@ -22,6 +23,9 @@ class _Native:
 
     def release(self) -> None:
         pass
+
+    def runs_every_step(self, bound: bool) -> bool:
+        return self.max_rows > 2
 
 
 def _step(paths: ForwardPaths, n: int) -> object:
@@ -65,3 +69,23 @@ def test_without_graphs_every_step_is_eager(caplog: pytest.LogCaptureFixture) ->
             _step(paths, n)
     assert paths.steps == {"eager": 3}
     assert _logged(caplog) == ["decode path: eager for steps of any size"]
+
+
+class _WithNative(nn.Module):
+    def __init__(self, native: _Native | None) -> None:
+        super().__init__()
+        self.native = native
+
+    def native_decoder(self) -> _Native | None:
+        return self.native
+
+
+def test_o0_keeps_only_a_native_body_that_runs_every_step() -> None:
+    # A body that runs every step (bfloat16 batch invariance) serves O0 too; a decode-rows shortcut, a
+    # model without a native path, or one whose path declines the loaded model, leaves O0 eager.
+    every = _Native()
+    every.max_rows = 1 << 62
+    assert invariant_body(_WithNative(every)) is every
+    assert invariant_body(_WithNative(_Native())) is None
+    assert invariant_body(_WithNative(None)) is None
+    assert invariant_body(nn.Linear(2, 2)) is None
