@@ -34,16 +34,20 @@ def test_matches_float64(n: int, k: int, with_bias: bool) -> None:
     assert torch.equal(bf16_gemm.bf16_linear(x, w, bias), out.bfloat16())
 
 
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
+# (n, k): a ragged last 16-column group and 32-column panel, an odd k (a half pair at the end).
+@pytest.mark.parametrize(("n", "k"), [(50, 200), (37, 201)])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(n: int, k: int) -> None:
     torch.manual_seed(0)
-    x, w, bias = torch.randn(70, 200).bfloat16(), torch.randn(50, 200).bfloat16(), torch.randn(50).bfloat16()
+    x, w, bias = torch.randn(70, k).bfloat16(), torch.randn(n, k).bfloat16(), torch.randn(n).bfloat16()
     full = bf16_gemm.bf16_linear(x, w, bias, float_out=True)
-    for start, rows in [(0, 1), (5, 2), (3, 7), (0, 8), (9, 9), (1, 13), (20, 33), (0, 70)]:
+    # Up to 8 rows take the streamed path (weights transposed on the fly), more the packed tiles:
+    # a row alone or among a few must match the same row in the 70-row product.
+    for start, rows in [(0, 1), (5, 2), (3, 7), (0, 8), (62, 8), (9, 9), (1, 13), (20, 33), (0, 70)]:
         assert torch.equal(
             bf16_gemm.bf16_linear(x[start : start + rows], w, bias, True), full[start : start + rows]
         )
     # Strided rows (a view of a wider activation) and another thread count.
-    wide = torch.cat([x, torch.randn(70, 24).bfloat16()], dim=1)[:, :200]
+    wide = torch.cat([x, torch.randn(70, 24).bfloat16()], dim=1)[:, :k]
     assert torch.equal(bf16_gemm.bf16_linear(wide, w, bias, True), full)
     threads = torch.get_num_threads()
     try:
@@ -51,6 +55,17 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
         assert torch.equal(bf16_gemm.bf16_linear(x, w, bias, True), full)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_rows_past_one_block_match_rows_alone() -> None:
+    # More rows than one work item's block (BLOCK_ROWS): the blocks split the rows, never a chain.
+    torch.manual_seed(2)
+    x, w = torch.randn(1100, 40).bfloat16(), torch.randn(40, 40).bfloat16()
+    full = bf16_gemm.bf16_linear(x, w, None, True)
+    for start, rows in [(0, 1), (511, 1), (512, 1), (1099, 1), (500, 30), (1090, 10)]:
+        assert torch.equal(
+            bf16_gemm.bf16_linear(x[start : start + rows], w, None, True), full[start : start + rows]
+        )
 
 
 def test_serves_only_bfloat16_cpu_tensors() -> None:

@@ -3,152 +3,250 @@
  * number of threads: a token's products are bitwise the same alone, in any batch, in a prompt chunk of
  * any length or as a decode row (the batch invariance the native model body builds on).
  *
- * The order, fixed: output (i, j) is sixteen float lanes, lane l the chain over the k in 32-element
- * chunks c = 0, 1, ... of `vdpbf16ps` (lane l += x[i, 32c + 2l] w[j, 32c + 2l] + x[i, 32c + 2l + 1]
- * w[j, 32c + 2l + 1], the products exact, a ragged last chunk read as zeros), then the lanes summed by
- * reduce_lanes's tree (halves, quarters, ... of the vector), then the bias (in float), then one
- * rounding to bfloat16 (or none: float32 out, for logits). Only how many (rows, columns) chains run
- * side by side changes with the shape, never a chain.
+ * The order, fixed: output (i, j) is one float chain over the k-pairs p = 0, 1, ... in order, each step
+ * one `vdpbf16ps` lane (acc += x[i, 2p] w[j, 2p] + x[i, 2p + 1] w[j, 2p + 1], the products exact; an
+ * odd k's last pair has zeros for its missing elements), then the bias (in float), then one rounding to
+ * bfloat16 (or none: float32 out, for logits). A vector lane is a column: 16 columns' chains advance
+ * together, with x's pair broadcast ("outer-product" order, as oneDNN's bf16 GEMMs run, so no
+ * horizontal sum is needed). Only how many chains run side by side changes with the shape, never a
+ * chain; threads split the work items, never a chain.
  *
- * Shapes: up to STREAM_ROWS rows (decode steps, verification) are bound by reading W: each weight row
- * is read once, start to end, and multiplied into every input row while in registers (several weight
- * rows at once as separate streams read DRAM at a fifth of the rate here). More rows are bound by the
- * multiplies: a work item is 16 columns, whose weight rows stay in cache while tiles of TILE_ROWS
- * input rows x TILE_COLS columns run through them. Threads split the columns (contiguous ranges).
+ * The weights are W's rows, so a step needs 16 rows' pair p side by side: 16 rows x 16 pairs are
+ * transposed in registers (transpose_pairs). Shapes:
+ * - up to STREAM_ROWS rows (decode steps, verification) are bound by reading W, each weight element is
+ *   read once: a work item is 16 columns, transposed 32 k at a time straight into the chains.
+ * - more rows are bound by the multiplies: a work item is PANEL columns x up to BLOCK_ROWS rows; it
+ *   packs its columns once into a buffer of pairs ([k/2][PANEL] 32-bit pairs, L2-sized), then tiles of
+ *   TILE_ROWS rows run the whole chain in registers, each step one load per 16 columns and one
+ *   broadcast per row for 2 x TILE_ROWS products.
  *
  * In the dense kernel library (kernels/build.py), called by the native model body (llama_decode.c)
  * and by its Python binding (layers/bf16_gemm.py).
  */
+#include <stdlib.h>
+
 #include "bf16_gemm.h"
 #include "vec.h"
-
-/* The chains are intrinsics (never reassociated); the lane tree's sums must stay as written. */
-#pragma GCC push_options
-#pragma GCC optimize("no-associative-math")
 
 #define STREAM_ROWS 8
 
 #if defined(__AVX512BF16__) && LANES == 16
 #define BF16_GEMM_SUPPORTED 1
-#define TILE_ROWS 4
-#define TILE_COLS 4
-#define BLOCK_ROWS 128 /* a multiple of TILE_ROWS */
+#define PANEL 32      /* columns of a many-row work item: two vectors */
+#define TILE_ROWS 8 /* 16 accumulators; 10-12 rows (up to 24) ran slower (benchmarks/RESULTS.md) */
+/* Rows per work item: a block packs its panels once and reads W once, so blocks are large; threads
+ * still split the panels. */
+#define BLOCK_ROWS 512
 
 /* Mask of the first `count` (< 32) 16-bit elements of a chunk. */
 INLINE __mmask32 ragged(int64_t count) { return (__mmask32)((1u << count) - 1u); }
 
-/* Chains of rows x cols outputs over all k: rows of x at `x` (stride xs), weight rows at `w`
- * (contiguous, k each); lanes[r * 16 + col0 + j] gets (row r, column j)'s lanes. */
-INLINE void chains(const uint16_t *x, int64_t xs, const uint16_t *w, int64_t k, vec *lanes, int64_t col0,
-                   const int rows, const int cols) {
-    __m512 acc[STREAM_ROWS][TILE_COLS];
-#pragma GCC unroll 8
-    for (int r = 0; r < rows; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < cols; j++) acc[r][j] = _mm512_setzero_ps();
-    int64_t c = 0;
-    for (; c + 32 <= k; c += 32) {
-        __m512i xv[STREAM_ROWS];
-#pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) xv[r] = _mm512_loadu_si512(x + r * xs + c);
-#pragma GCC unroll 4
-        for (int j = 0; j < cols; j++) {
-            const __m512i wv = _mm512_loadu_si512(w + j * k + c);
-#pragma GCC unroll 8
-            for (int r = 0; r < rows; r++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)wv, (__m512bh)xv[r]);
-        }
-    }
-    if (c < k) {
-        const __mmask32 m = ragged(k - c);
-        __m512i xv[STREAM_ROWS];
-        for (int r = 0; r < rows; r++) xv[r] = _mm512_maskz_loadu_epi16(m, x + r * xs + c);
-        for (int j = 0; j < cols; j++) {
-            const __m512i wv = _mm512_maskz_loadu_epi16(m, w + j * k + c);
-            for (int r = 0; r < rows; r++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)wv, (__m512bh)xv[r]);
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < cols; j++) memcpy(&lanes[r * 16 + col0 + j], &acc[r][j], sizeof(vec));
+/* x's pair p as a 32-bit value in every lane; the half pair past an odd k's end has a zero high half. */
+INLINE __m512i x_pair(const uint16_t *x, int64_t p) {
+    uint32_t v;
+    memcpy(&v, x + 2 * p, sizeof v);
+    return _mm512_set1_epi32((int)v);
 }
 
-/* Rows [0, rows) x columns [0, cols) (cols <= 16) of the block at x, w, y: the chains, then each row's
- * 16 lane vectors summed by one transpose tree, the bias added and the results stored (every step
- * lane-wise, so each output is the scalar sequence the file's comment gives). */
-INLINE void finish(const vec *lanes, int64_t rows, int64_t cols, const uint16_t *bias, void *y, int64_t y_stride,
+INLINE __m512i x_half_pair(const uint16_t *x, int64_t p) { return _mm512_set1_epi32((int)x[2 * p]); }
+
+/* r[i] = 16 pairs of weight row i; afterwards r[p] = pair p of rows 0..15 (a 16 x 16 transpose of 32-bit
+ * elements: pairs within 128-bit lanes, then the lanes across vectors). */
+INLINE void transpose_pairs(__m512i r[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    /* b[4i + q], 128-bit lane L: pair 4L + q of rows 4i..4i+3 */
+    for (int i = 0; i < 4; i++) {
+        b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int q = 0; q < 4; q++) {
+        const __m512i c0 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0x44), c1 = _mm512_shuffle_i32x4(b[q], b[4 + q], 0xee);
+        const __m512i c2 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0x44);
+        const __m512i c3 = _mm512_shuffle_i32x4(b[8 + q], b[12 + q], 0xee);
+        r[q] = _mm512_shuffle_i32x4(c0, c2, 0x88);
+        r[4 + q] = _mm512_shuffle_i32x4(c0, c2, 0xdd);
+        r[8 + q] = _mm512_shuffle_i32x4(c1, c3, 0x88);
+        r[12 + q] = _mm512_shuffle_i32x4(c1, c3, 0xdd);
+    }
+}
+
+/* Pairs [c/2, c/2 + 16) of weight rows [0, cols) (cols <= 16) at w (row stride k), transposed into t:
+ * t[p] = pair c/2 + p of the 16 rows, zeros past the rows and past k. */
+INLINE void load_pairs(const uint16_t *w, int64_t k, int64_t cols, int64_t c, __m512i t[16]) {
+    const __mmask32 m = k - c >= 32 ? (__mmask32)~0u : ragged(k - c);
+    for (int i = 0; i < 16; i++)
+        t[i] = i < cols ? _mm512_maskz_loadu_epi16(m, w + i * k + c) : _mm512_setzero_si512();
+    transpose_pairs(t);
+}
+
+/* Output rows [0, m) x columns [0, cols) (cols <= 16) from their chains `acc` (row r at acc[r * step]):
+ * the bias, then the store. */
+INLINE void finish(const __m512 *acc, int step, int64_t m, int64_t cols, const uint16_t *bias, char *y, int64_t n,
                    int float_out) {
-    vec b = {0};
-    for (int64_t j = 0; bias && j < cols; j++) b[j] = bf16_to_float(bias[j]);
-    for (int64_t r = 0; r < rows; r++) {
-        vec padded[16];
-        const vec *row = lanes + r * 16;
-        if (cols < 16) {
-            memcpy(padded, row, (size_t)cols * sizeof(vec));
-            for (int64_t j = cols; j < 16; j++) padded[j] = (vec){0};
-            row = padded;
-        }
-        const vec s = bias ? reduce_lanes(row, 0) + b : reduce_lanes(row, 0);
+    const __mmask16 keep = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1u);
+    const __m512 b = bias ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(keep, bias)), 16))
+                          : _mm512_setzero_ps();
+    for (int64_t r = 0; r < m; r++) {
+        const __m512 s = bias ? _mm512_add_ps(acc[r * step], b) : acc[r * step];
         if (float_out) {
-            memcpy((float *)y + r * y_stride, &s, (size_t)cols * sizeof(float));
+            _mm512_mask_storeu_ps((float *)y + r * n, keep, s);
         } else {
-            const bf16_vec h = vec_to_bf16(s);
-            memcpy((uint16_t *)y + r * y_stride, &h, (size_t)cols * sizeof(uint16_t));
+            vec v;
+            memcpy(&v, &s, sizeof v);
+            const bf16_vec h = vec_to_bf16(v);
+            __m256i hv;
+            memcpy(&hv, &h, sizeof hv);
+            _mm256_mask_storeu_epi16((uint16_t *)y + r * n, keep, hv);
         }
     }
 }
 
-/* The chains of all `rows` (<= STREAM_ROWS) rows against weight rows [0, cols), one weight row at a
- * time (one stream through W). */
-INLINE void stream_rows(const uint16_t *x, int64_t xs, const uint16_t *w, int64_t k, vec *lanes, int64_t cols,
-                        const int rows) {
-    for (int64_t j = 0; j < cols; j++) chains(x, xs, w + j * k, k, lanes, j, rows, 1);
+/* The chains of `rows` (<= STREAM_ROWS) rows against weight rows [0, cols) (cols <= 16), into acc.
+ * Each step reads 16 rows a cache line apart from the next, a pattern DRAM serves slowly; so while
+ * they are read, the next group's rows (`next`, `next_bytes` contiguous, or NULL) are fetched in
+ * address order, at the same pace. */
+INLINE void stream_rows(const uint16_t *x, int64_t xs, const uint16_t *w, int64_t k, int64_t cols, __m512 *acc,
+                        const char *next, int64_t next_bytes, const int rows) {
+    __m512 a[STREAM_ROWS];
+    for (int r = 0; r < rows; r++) a[r] = _mm512_setzero_ps();
+    const int64_t full = k / 2;
+    for (int64_t c = 0; c < k; c += 32) {
+        if (next)
+            for (int64_t line = c / 32 * 16 * 64, i = 0; i < 16 && line < next_bytes; i++, line += 64)
+                _mm_prefetch(next + line, _MM_HINT_T0);
+        __m512i t[16];
+        load_pairs(w, k, cols, c, t);
+        const int64_t p0 = c / 2, pairs = full - p0 < 16 ? full - p0 : 16;
+        for (int64_t p = 0; p < pairs; p++)
+            for (int r = 0; r < rows; r++)
+                a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)t[p], (__m512bh)x_pair(x + r * xs, p0 + p));
+        if (pairs < 16 && (k & 1))
+            for (int r = 0; r < rows; r++)
+                a[r] = _mm512_dpbf16_ps(a[r], (__m512bh)t[pairs], (__m512bh)x_half_pair(x + r * xs, full));
+    }
+    for (int r = 0; r < rows; r++) acc[r] = a[r];
 }
 
-/* The chains of `rows` (<= TILE_ROWS) rows against weight rows [0, cols), TILE_COLS at a time. */
-INLINE void tile_rows(const uint16_t *x, int64_t xs, const uint16_t *w, int64_t k, vec *lanes, int64_t cols,
-                      const int rows) {
-    int64_t j = 0;
-    for (; j + TILE_COLS <= cols; j += TILE_COLS) chains(x, xs, w + j * k, k, lanes, j, rows, TILE_COLS);
-    for (; j < cols; j++) chains(x, xs, w + j * k, k, lanes, j, rows, 1);
+/* Weight rows [0, cols) (cols <= PANEL) at w packed as pairs: panel[p * PANEL + j] = pair p of row j,
+ * zeros past the rows and past k. */
+static void pack_panel(const uint16_t *w, int64_t k, int64_t cols, uint32_t *panel) {
+    for (int64_t c = 0; c < k; c += 32) {
+        const int64_t pairs = (k - c + 1) / 2 < 16 ? (k - c + 1) / 2 : 16;
+        for (int64_t h = 0; h < PANEL; h += 16) {
+            __m512i t[16];
+            const int64_t left = cols - h < 0 ? 0 : cols - h;
+            load_pairs(w + h * k, k, left < 16 ? left : 16, c, t);
+            for (int64_t p = 0; p < pairs; p++) _mm512_storeu_si512(panel + (c / 2 + p) * PANEL + h, t[p]);
+        }
+    }
 }
 
-static void bf16_gemm_any(const uint16_t *x, int64_t xs, const uint16_t *w, const uint16_t *bias, void *y,
-                          int64_t m, int64_t n, int64_t k, int float_out) {
+/* The chains of `rows` (<= TILE_ROWS) rows against a packed panel, into acc[r * 2 + half]. */
+INLINE void tile_rows(const uint16_t *x, int64_t xs, const uint32_t *panel, int64_t k, __m512 *acc, const int rows) {
+    __m512 a[TILE_ROWS][2];
+    for (int r = 0; r < rows; r++) a[r][0] = a[r][1] = _mm512_setzero_ps();
+    const int64_t full = k / 2;
+    for (int64_t p = 0; p < full; p++) {
+        const __m512i w0 = _mm512_loadu_si512(panel + p * PANEL), w1 = _mm512_loadu_si512(panel + p * PANEL + 16);
+        for (int r = 0; r < rows; r++) {
+            const __m512i xv = x_pair(x + r * xs, p);
+            a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
+            a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
+        }
+    }
+    if (k & 1) {
+        const __m512i w0 = _mm512_loadu_si512(panel + full * PANEL), w1 = _mm512_loadu_si512(panel + full * PANEL + 16);
+        for (int r = 0; r < rows; r++) {
+            const __m512i xv = x_half_pair(x + r * xs, full);
+            a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
+            a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
+        }
+    }
+    for (int r = 0; r < rows; r++) acc[2 * r] = a[r][0], acc[2 * r + 1] = a[r][1];
+}
+
+/* A thread's panel buffer, grown to the largest k it has packed and kept for the next call (OpenMP's
+ * pool threads live as long as the process; one buffer each, k / 2 x PANEL pairs). */
+static uint32_t *panel_buffer(int64_t k) {
+    static __thread uint32_t *buffer;
+    static __thread int64_t capacity;
+    const int64_t need = (k + 1) / 2 * PANEL;
+    if (need > capacity) {
+        free(buffer);
+        buffer = aligned_alloc(64, (size_t)need * sizeof(uint32_t));
+        capacity = buffer ? need : 0;
+    }
+    return buffer;
+}
+
+static int bf16_gemm_streamed(const uint16_t *x, int64_t xs, const uint16_t *w, const uint16_t *bias, char *y,
+                              int64_t m, int64_t n, int64_t k, int float_out) {
     const int64_t groups = (n + 15) / 16, elem = float_out ? 4 : 2;
-    /* Many rows go BLOCK_ROWS at a time through every column group, so a block's x stays in L2 while
-     * the groups' weight rows pass (a long prompt's whole x, read again for every group, does not fit
-     * there). Only the order of work items changes, never an output's chain. */
-    const int64_t blocks = m <= STREAM_ROWS ? 1 : (m + BLOCK_ROWS - 1) / BLOCK_ROWS;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < blocks; b++)
+#pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         const int64_t j0 = g * 16, cols = n - j0 < 16 ? n - j0 : 16;
-        const uint16_t *wg = w + j0 * k, *bg = bias ? bias + j0 : NULL;
-        vec lanes[STREAM_ROWS * 16];
-        if (m <= STREAM_ROWS) {
-            switch (m) {
-#define STREAM(R)                                    \
-    case R:                                          \
-        stream_rows(x, xs, wg, k, lanes, cols, R); \
+        const int64_t next_cols = n - j0 - 16 < 16 ? n - j0 - 16 : 16;
+        const char *next = next_cols > 0 ? (const char *)(w + (j0 + 16) * k) : NULL;
+        const int64_t next_bytes = next_cols * k * 2;
+        __m512 acc[STREAM_ROWS];
+        switch (m) {
+#define STREAM(R)                                                          \
+    case R:                                                                \
+        stream_rows(x, xs, w + j0 * k, k, cols, acc, next, next_bytes, R); \
         break;
-                STREAM(1) STREAM(2) STREAM(3) STREAM(4) STREAM(5) STREAM(6) STREAM(7) STREAM(8)
+            STREAM(1) STREAM(2) STREAM(3) STREAM(4) STREAM(5) STREAM(6) STREAM(7) STREAM(8)
 #undef STREAM
-            }
-            finish(lanes, m, cols, bg, (char *)y + j0 * elem, n, float_out);
-            continue;
         }
-        const int64_t end = (b + 1) * BLOCK_ROWS < m ? (b + 1) * BLOCK_ROWS : m;
-        for (int64_t i = b * BLOCK_ROWS; i < end; i += TILE_ROWS) {
-            const int64_t rows = end - i < TILE_ROWS ? end - i : TILE_ROWS;
-            const uint16_t *xi = x + i * xs;
-            switch (rows) {
-            case 1: tile_rows(xi, xs, wg, k, lanes, cols, 1); break;
-            case 2: tile_rows(xi, xs, wg, k, lanes, cols, 2); break;
-            case 3: tile_rows(xi, xs, wg, k, lanes, cols, 3); break;
-            default: tile_rows(xi, xs, wg, k, lanes, cols, TILE_ROWS); break;
-            }
-            finish(lanes, rows, cols, bg, (char *)y + (i * n + j0) * elem, n, float_out);
-        }
+        finish(acc, 1, m, cols, bias ? bias + j0 : NULL, y + j0 * elem, n, float_out);
     }
+    return 0;
+}
+
+static int bf16_gemm_tiled(const uint16_t *x, int64_t xs, const uint16_t *w, const uint16_t *bias, char *y,
+                           int64_t m, int64_t n, int64_t k, int float_out) {
+    const int64_t panels = (n + PANEL - 1) / PANEL, elem = float_out ? 4 : 2;
+    /* Rows split evenly among the blocks, whole tiles each (a last block of a few rows runs narrow tiles). */
+    const int64_t blocks = (m + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    const int64_t block_rows = ((m + blocks - 1) / blocks + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    int failed = 0;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t g = 0; g < panels; g++) {
+            uint32_t *panel = panel_buffer(k);
+            if (!panel) {
+                failed = 1;
+                continue;
+            }
+            const int64_t j0 = g * PANEL, cols = n - j0 < PANEL ? n - j0 : PANEL;
+            pack_panel(w + j0 * k, k, cols, panel);
+            const int64_t end = (b + 1) * block_rows < m ? (b + 1) * block_rows : m;
+            for (int64_t i = b * block_rows; i < end; i += TILE_ROWS) {
+                const int64_t rows = end - i < TILE_ROWS ? end - i : TILE_ROWS;
+                const uint16_t *xi = x + i * xs;
+                __m512 acc[2 * TILE_ROWS];
+                switch (rows) {
+#define TILE(R)                                   \
+    case R:                                       \
+        tile_rows(xi, xs, panel, k, acc, R); \
+        break;
+                    TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
+#undef TILE
+                }
+                for (int64_t h = 0; h < 2 && h * 16 < cols; h++) {
+                    const int64_t c = cols - h * 16 < 16 ? cols - h * 16 : 16;
+                    finish(acc + h, 2, rows, c, bias ? bias + j0 + h * 16 : NULL, y + (i * n + j0 + h * 16) * elem, n,
+                           float_out);
+                }
+            }
+        }
+    return failed ? -2 : 0;
 }
 #else
 #define BF16_GEMM_SUPPORTED 0
@@ -158,8 +256,8 @@ int bf16_gemm(const void *x, int64_t x_stride, const void *w, const void *bias, 
               int64_t k, int float_out) {
 #if BF16_GEMM_SUPPORTED
     if (m < 1 || n < 1 || k < 1) return -1;
-    bf16_gemm_any(x, x_stride, w, bias, y, m, n, k, float_out);
-    return 0;
+    if (m <= STREAM_ROWS) return bf16_gemm_streamed(x, x_stride, w, bias, y, m, n, k, float_out);
+    return bf16_gemm_tiled(x, x_stride, w, bias, y, m, n, k, float_out);
 #else
     (void)x, (void)x_stride, (void)w, (void)bias, (void)y, (void)m, (void)n, (void)k, (void)float_out;
     return -1;
@@ -167,5 +265,3 @@ int bf16_gemm(const void *x, int64_t x_stride, const void *w, const void *bias, 
 }
 
 int bf16_gemm_supported(void) { return BF16_GEMM_SUPPORTED; }
-
-#pragma GCC pop_options
