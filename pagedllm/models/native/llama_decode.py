@@ -190,7 +190,7 @@ class LlamaNativeDecoder:
         if reason is None and _library() is None:
             reason = "the native library could not be built (no C compiler, or the kernel cache: see the warning)"
         if reason is not None:
-            logger.info("single-sequence decode steps run the compiled graphs: %s", reason)
+            logger.info("single-sequence decode steps run the compiled graphs (the plain layers at -O0): %s", reason)
             return None
         dtype = model.model.layers[0].input_layernorm.weight.dtype  # type: ignore[union-attr]
         logger.info(
@@ -287,7 +287,7 @@ class LlamaNativeDecoder:
             return False
         if self.every_step and layout.prefill_fn is None:
             logger.info(
-                "steps with prompts run the compiled graphs: the prompt kernel does not serve this layout"
+                "steps with prompts run the compiled graphs (the plain layers at -O0): the prompt kernel does not serve this layout"
             )
             self.every_step, self.max_rows = False, self.decode_rows
         # Kept alive with the table of their addresses.
