@@ -110,6 +110,12 @@ _VARS: list[EnvVar] = [
         "grammars are evicted), as vLLM's VLLM_XGRAMMAR_CACHE_MB; default 512.",
     ),
     EnvVar(
+        "PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB",
+        _int,
+        "Memory in MiB a grammar compile (or check) worker process may allocate beyond what it starts "
+        "with; a grammar needing more fails and its worker is replaced. Default 2048; 0: unbounded.",
+    ),
+    EnvVar(
         "PAGEDLLM_PP_LAYER_PARTITION",
         _str,
         "Layers per pipeline stage, comma-separated (e.g. 5,5,6); unset: as even as possible.",

@@ -9,6 +9,9 @@ from pagedllm.config.utils import config, hash_fields
 
 # vLLM's default for VLLM_XGRAMMAR_CACHE_MB.
 _DEFAULT_GRAMMAR_CACHE_MB = 512
+# What one grammar compile (or check) worker may allocate beyond what it starts with: far beyond what the
+# grammars the limits let by need, far below a host's memory.
+_DEFAULT_COMPILE_MEMORY_MB = 2048
 
 
 @config
@@ -73,6 +76,16 @@ class StructuredOutputsConfig:
         if mb < 0:
             raise ValueError(f"PAGEDLLM_XGRAMMAR_CACHE_MB must be 0 or more, got {mb}")
         return mb * 2**20
+
+    @staticmethod
+    def compile_memory_mb() -> int:
+        """What a grammar compile worker may allocate beyond what it starts with, in MiB:
+        PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB (default 2048; 0: unbounded)."""
+        mb = envs.PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB
+        mb = _DEFAULT_COMPILE_MEMORY_MB if mb is None else mb
+        if mb < 0:
+            raise ValueError(f"PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB must be 0 or more, got {mb}")
+        return mb
 
     def compute_hash(self) -> str:
         return hash_fields(self, ("backend",))

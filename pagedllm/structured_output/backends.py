@@ -61,9 +61,17 @@ def _xgrammar_grammar(params: StructuredOutputsParams) -> Any:
             return xgr.Grammar.from_ebnf(params.grammar)
         return xgr.Grammar.from_structural_tag(params.structural_tag)
     except (RuntimeError, ValueError, TypeError) as e:
+        _raise_if_out_of_memory(e)
         raise RequestError(
             "structured_outputs", f"structured_outputs.{kind} is invalid: {_first_line(e)}"
         ) from e
+
+
+def _raise_if_out_of_memory(error: Exception) -> None:
+    """xgrammar reports an allocation it could not make (a compile worker's memory bound) as a
+    RuntimeError naming std::bad_alloc: a MemoryError, not a bad constraint."""
+    if "bad_alloc" in str(error):
+        raise MemoryError(str(error)) from error
 
 
 class _XgrammarMatcher:
@@ -114,7 +122,12 @@ class XgrammarBackend:
 
     @staticmethod
     def compile_payload(params: StructuredOutputsParams, compiler: Any) -> str:
-        return str(compiler.compile_grammar(_xgrammar_grammar(params)).serialize_json())
+        grammar = _xgrammar_grammar(params)
+        try:
+            return str(compiler.compile_grammar(grammar).serialize_json())
+        except RuntimeError as e:
+            _raise_if_out_of_memory(e)
+            raise
 
     def load(self, payload: str) -> Any:
         import xgrammar as xgr

@@ -40,7 +40,7 @@ class ConstraintChecker:
         """``config``: the engine's StructuredOutputsConfig."""
         self.config = config
         self._turns = asyncio.Semaphore(max_workers)
-        self._client = CompileClient(max_workers)
+        self._client = CompileClient(max_workers, config.compile_memory_mb())
 
     async def check(self, params: StructuredOutputsParams) -> None:
         """Check ``params`` and resolve its backend (in place), as `apply_engine_config` does;

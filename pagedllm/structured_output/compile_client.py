@@ -57,11 +57,11 @@ class CompileWorkerError(RuntimeError):
 class _Server:
     """One compile server process, its pipes, and the jobs waiting for an answer."""
 
-    def __init__(self, max_workers: int) -> None:
+    def __init__(self, max_workers: int, memory_mb: int) -> None:
         ours_r, theirs_w = os.pipe()
         theirs_r, ours_w = os.pipe()
         try:
-            args = [str(theirs_r), str(theirs_w), str(os.getpid()), str(max_workers)]
+            args = [str(theirs_r), str(theirs_w), str(os.getpid()), str(max_workers), str(memory_mb)]
             # Group signals held until the server ignores them: it follows the engine, not the group.
             with group_signals_held():
                 self.proc = subprocess.Popen(
@@ -149,10 +149,12 @@ class _Server:
 
 class CompileClient:
     """The compile server, started when a constraint first needs it; ``compile`` may be called from
-    several threads at once (as many as there are workers)."""
+    several threads at once (as many as there are workers). Each worker may allocate ``memory_mb`` MiB
+    beyond what it starts with (0: unbounded)."""
 
-    def __init__(self, max_workers: int = 2) -> None:
+    def __init__(self, max_workers: int, memory_mb: int) -> None:
         self.max_workers = max_workers
+        self.memory_mb = memory_mb
         self._lock = threading.Lock()
         # Held while a compiler's data is built and sent (the tokenizer may load: seconds).
         self._init_lock = threading.Lock()
@@ -179,7 +181,7 @@ class CompileClient:
             if self._server is None or self._server.dead:
                 if self._server is not None:
                     self._server.stop()
-                self._server = _Server(self.max_workers)
+                self._server = _Server(self.max_workers, self.memory_mb)
                 self._finalizer.detach()
                 self._finalizer = weakref.finalize(self, _stop, [self._server])
             return self._server
@@ -230,13 +232,15 @@ class CompileClient:
 
 def outcome(result: Result, timeout_message: str) -> tuple[str, str]:
     """(backend, payload) of a job's result; else CompileTimeoutError with ``timeout_message`` for a job
-    past its deadline, CompileWorkerError for a worker that died, RequestError for a bad constraint."""
+    past its deadline, CompileWorkerError for a worker that died, RequestError for a bad constraint or
+    one that needs more memory than a worker may use."""
     if result.status == "ok":
         return result.backend, result.payload
     if result.status == "timeout":
         raise CompileTimeoutError("structured_outputs", timeout_message)
     if result.status == "died":
         raise CompileWorkerError(f"the grammar compile worker died ({result.error})")
+    # "error", "memory": the constraint's fault
     raise RequestError("structured_outputs", result.error)
 
 

@@ -3,12 +3,15 @@ each compilation under a deadline. The API server has one too, for its check of 
 (a `check_only` job: the grammar engine's conversion, without a vocabulary), so that a check past its
 deadline is killed as well.
 
-`python -m pagedllm.structured_output.compile_server READ_FD WRITE_FD PARENT_PID MAX_WORKERS`, started by
-`compile_client.CompileClient`. It imports the grammar engines once, then forks a worker per slot (a
+`python -m pagedllm.structured_output.compile_server READ_FD WRITE_FD PARENT_PID MAX_WORKERS MEMORY_MB`,
+started by `compile_client.CompileClient`. It imports the grammar engines once, then forks a worker per slot (a
 fork of this single-threaded process is safe and takes milliseconds; the engine itself has threads and
 perhaps a GPU context, and is never forked). A job is handed to an idle worker; a worker that has not
 answered when the job's deadline passes is killed (SIGKILL: xgrammar cannot be interrupted) and the job
-answered with a timeout, and the next job forks a fresh worker. The compilers the engine sends
+answered with a timeout, and the next job forks a fresh worker. A worker may allocate MEMORY_MB MiB
+beyond what it inherits (`RLIMIT_DATA`; 0: unbounded): a grammar that needs more fails with an error
+saying so instead of taking the host's memory (an allocation xgrammar cannot make is an exception; one
+llguidance cannot make ends the worker), and its worker is replaced. The compilers the engine sends
 (`Init`: the vocabulary's tokenizer info) are built here, before the forks that inherit them. Every
 message is msgpack over pipes (nothing is pickled); the server and its workers die with the engine.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
+import resource
 import sys
 import time
 from multiprocessing.connection import Connection, wait
@@ -54,9 +58,10 @@ class Job(msgspec.Struct, tag=True):
 
 class Result(msgspec.Struct):
     job_id: int
-    # "ok": `backend` compiled it into `payload`; "error": `error` names the field; "timeout": the worker
+    # "ok": `backend` compiled it into `payload`; "error": `error` names the field; "memory": it needs
+    # more memory than a worker may use (`error` says so; the worker is replaced); "timeout": the worker
     # was killed at the deadline; "died": the worker died on its own.
-    status: Literal["ok", "error", "timeout", "died"]
+    status: Literal["ok", "error", "memory", "timeout", "died"]
     backend: str = ""
     payload: str = ""
     error: str = ""
@@ -64,10 +69,17 @@ class Result(msgspec.Struct):
 
 class _Worker:
     def __init__(
-        self, ctx: Any, compilers: dict[str, Any], generation: int, engine_pipes: list[Connection]
+        self,
+        ctx: Any,
+        compilers: dict[str, Any],
+        generation: int,
+        engine_pipes: list[Connection],
+        memory_mb: int,
     ) -> None:
         self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(theirs, compilers, engine_pipes), daemon=True)
+        self.proc = ctx.Process(
+            target=_worker_main, args=(theirs, compilers, engine_pipes, memory_mb), daemon=True
+        )
         self.proc.start()
         theirs.close()
         self.generation = generation
@@ -82,10 +94,13 @@ class _Worker:
 
 
 class CompileServer:
-    def __init__(self, engine_in: Connection, engine_out: Connection, max_workers: int) -> None:
+    def __init__(
+        self, engine_in: Connection, engine_out: Connection, max_workers: int, memory_mb: int
+    ) -> None:
         self.engine_in = engine_in
         self.engine_out = engine_out
         self.max_workers = max_workers
+        self.memory_mb = memory_mb
         self.ctx = multiprocessing.get_context("fork")
         self.compilers: dict[str, Any] = {}
         # Bumped by each Init: workers forked before it lack that compiler and are retired when idle.
@@ -136,7 +151,13 @@ class CompileServer:
             worker = (
                 self.idle.pop()
                 if self.idle
-                else _Worker(self.ctx, self.compilers, self.generation, [self.engine_in, self.engine_out])
+                else _Worker(
+                    self.ctx,
+                    self.compilers,
+                    self.generation,
+                    [self.engine_in, self.engine_out],
+                    self.memory_mb,
+                )
             )
             job = self.queue.popleft()
             worker.job, worker.deadline = job, time.monotonic() + job.timeout_s
@@ -155,15 +176,26 @@ class CompileServer:
             answer = msgspec.msgpack.decode(worker.conn.recv_bytes(), type=Result)
         except EOFError:
             worker.kill()
-            self._reply(Result(job.job_id, "died", error=f"exit code {worker.proc.exitcode}"))
+            self._reply(Result(job.job_id, "died", error=self._death(worker)))
             return
         answer.job_id = job.job_id
         self._reply(answer)
         worker.job = None
-        if worker.generation == self.generation:
+        # One that ran out of memory may hold on to a fragmented heap: a fresh one takes the next job.
+        if worker.generation == self.generation and answer.status != "memory":
             self.idle.append(worker)
         else:
             worker.kill()
+
+    def _death(self, worker: _Worker) -> str:
+        code = worker.proc.exitcode
+        cause = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        if self.memory_mb:
+            cause += (
+                f"; a worker whose grammar needs more than {self.memory_mb} MiB "
+                "(PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB) may end so"
+            )
+        return cause
 
     def _reply(self, result: Result) -> None:
         self.engine_out.send_bytes(self.encoder.encode(result))
@@ -173,12 +205,15 @@ class CompileServer:
             worker.kill()
 
 
-def _worker_main(conn: Connection, compilers: dict[str, Any], engine_pipes: list[Connection]) -> None:
+def _worker_main(
+    conn: Connection, compilers: dict[str, Any], engine_pipes: list[Connection], memory_mb: int
+) -> None:
     die_with_parent()
     # The server's pipes to the engine, inherited by the fork: a worker holding them open would hide the
     # server's death from the engine (no end-of-file while the worker lives).
     for pipe in engine_pipes:
         pipe.close()
+    _bound_memory(memory_mb)
     decoder = msgspec.msgpack.Decoder(Job)
     encoder = msgspec.msgpack.Encoder()
     while True:
@@ -186,11 +221,29 @@ def _worker_main(conn: Connection, compilers: dict[str, Any], engine_pipes: list
             job = decoder.decode(conn.recv_bytes())
         except (EOFError, OSError):
             break
-        conn.send_bytes(encoder.encode(_compile(job, compilers)))
+        conn.send_bytes(encoder.encode(_compile(job, compilers, memory_mb)))
     os._exit(0)
 
 
-def _compile(job: Job, compilers: dict[str, Any]) -> Result:
+def _bound_memory(memory_mb: int) -> None:
+    """Let this process allocate at most ``memory_mb`` MiB more than it has now (0: no bound). The bound is
+    on its data (`RLIMIT_DATA`: heap and private writable mappings, Linux 4.7 on), not its address space,
+    which the imported libraries reserve generously without using."""
+    if memory_mb <= 0:
+        return
+    try:
+        with open("/proc/self/status") as status:
+            data_kib = next(int(line.split()[1]) for line in status if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):  # not Linux: unbounded
+        return
+    limit = data_kib * 1024 + memory_mb * 2**20
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def _compile(job: Job, compilers: dict[str, Any], memory_mb: int) -> Result:
     params = job.params
     try:
         backend = params.resolved_backend or resolve_backend(params, job.backend, job.disable_fallback)
@@ -198,6 +251,12 @@ def _compile(job: Job, compilers: dict[str, Any]) -> Result:
             return Result(job.job_id, "ok", backend)
         payload = BACKEND_CLASSES[backend].compile_payload(params, compilers.get(backend))
         return Result(job.job_id, "ok", backend, payload)
+    except MemoryError:
+        error = (
+            f"structured_outputs.{params.kind} needs more memory than a grammar compile worker may use "
+            f"({memory_mb} MiB, PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB): simplify the constraint"
+        )
+        return Result(job.job_id, "memory", error=error)
     except ValueError as e:
         return Result(job.job_id, "error", error=str(e))
     except Exception as e:  # only this constraint fails, whatever the grammar engine raised
@@ -206,7 +265,7 @@ def _compile(job: Job, compilers: dict[str, Any]) -> Result:
 
 
 def main(argv: list[str]) -> None:
-    read_fd, write_fd, parent_pid, max_workers = (int(a) for a in argv)
+    read_fd, write_fd, parent_pid, max_workers, memory_mb = (int(a) for a in argv)
     die_with_parent()
     if os.getppid() != parent_pid:  # the engine died before the death signal was armed
         os._exit(1)
@@ -218,7 +277,7 @@ def main(argv: list[str]) -> None:
     import xgrammar  # noqa: F401
 
     server = CompileServer(
-        Connection(read_fd, writable=False), Connection(write_fd, readable=False), max_workers
+        Connection(read_fd, writable=False), Connection(write_fd, readable=False), max_workers, memory_mb
     )
     try:
         server.serve()

@@ -103,7 +103,7 @@ class StructuredOutputManager:
         self._cache = GrammarCache(structured_outputs_config.grammar_cache_bytes())
         # Each pool thread drives one compile worker process at a time.
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="pagedllm-grammar")
-        self.compile_client = CompileClient(max_workers)
+        self.compile_client = CompileClient(max_workers, structured_outputs_config.compile_memory_mb())
         # Called (from a pool thread) whenever a compilation finishes: the engine's loop sleeps while
         # every request waits for a grammar, and wakes up on this.
         self._ready_listeners: list[Callable[[], None]] = []

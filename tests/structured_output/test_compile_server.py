@@ -17,6 +17,7 @@ import pytest
 from tiny_llm import build_tokenizer
 
 from pagedllm.config import StructuredOutputsConfig
+from pagedllm.errors import RequestError
 from pagedllm.structured_output.backends import XgrammarBackend
 from pagedllm.structured_output.compile_client import CompileClient, CompileWorkerError
 from pagedllm.structured_output.params import StructuredOutputsParams
@@ -32,7 +33,7 @@ from pagedllm.config import StructuredOutputsConfig
 from pagedllm.structured_output.compile_client import CompileClient
 from pagedllm.structured_output.params import StructuredOutputsParams
 
-client = CompileClient(2)
+client = CompileClient(2, 0)
 client.compile(StructuredOutputsParams(regex="[0-9]+"), StructuredOutputsConfig(backend="guidance"), lambda _: None, 60)
 print(client.server_pid(), flush=True)
 time.sleep(600)
@@ -84,7 +85,7 @@ def xgrammar_init() -> str:
 
 
 def test_a_worker_dies_with_its_server_and_its_compilation_fails_at_once(xgrammar_init: str) -> None:
-    client = CompileClient(2)
+    client = CompileClient(2, 0)
     config = StructuredOutputsConfig(backend="xgrammar")
     try:
         outcome: dict[str, Any] = {}
@@ -120,5 +121,35 @@ def test_a_worker_dies_with_its_server_and_its_compilation_fails_at_once(xgramma
             == "xgrammar"
         )
         assert client.server_pid() not in (None, server.pid)
+    finally:
+        client.close()
+
+
+def test_a_grammar_over_the_memory_bound_fails_and_its_worker_is_replaced(xgrammar_init: str) -> None:
+    # 20,000 enum members take xgrammar ~800 MiB (and 17 s on a quiet Zen 5) to compile for the tiny
+    # vocabulary; a worker may take 32 MiB more than it starts with here.
+    client = CompileClient(1, 32)
+    config = StructuredOutputsConfig(backend="xgrammar")
+
+    def compile(json: Any) -> tuple[str, str]:
+        return client.compile(StructuredOutputsParams(json=json), config, lambda _: xgrammar_init, 120)
+
+    try:
+        assert compile({"type": "integer"})[0] == "xgrammar"
+        server = psutil.Process(client.server_pid())
+        (worker,) = server.children()
+        start = time.monotonic()
+        with pytest.raises(RequestError) as refused:
+            compile({"enum": [f"member-{i}" for i in range(20_000)]})
+        message = str(refused.value)
+        assert refused.value.param == "structured_outputs"
+        assert message.startswith("structured_outputs.json needs more memory than a grammar compile worker")
+        assert "32 MiB" in message and "PAGEDLLM_GRAMMAR_COMPILE_MEMORY_MB" in message
+        # Refused at the bound, long before the deadline (or the host's memory).
+        assert time.monotonic() - start < 60
+        # That worker is replaced; the next grammar compiles in a fresh one, in the same server.
+        assert not _gone([worker.pid], 15)
+        assert compile({"type": "boolean"})[0] == "xgrammar"
+        assert client.server_pid() == server.pid and [p.pid for p in server.children()] != [worker.pid]
     finally:
         client.close()
