@@ -8,6 +8,9 @@ not - is passed through unchanged. A prefill instance that fails or cannot be re
 the decode instance then computes the prompt itself; a request it refuses (4xx) is answered with its
 error. Several URLs per side are used in turn (round robin), as in vLLM's
 toy proxy. The blocks are found by their hash chain, so no kv_transfer_params travel between the two.
+
+With `--api-key` (or PAGEDLLM_API_KEY) every route but /health needs `Authorization: Bearer <key>`, as on
+`pagedllm serve`; the instances get `--upstream-api-key` (default: the proxy's own key).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+
+from pagedllm.entrypoints.openai.middleware import ApiKeyMiddleware, configured_api_key
 
 logger = logging.getLogger("pagedllm.disagg_proxy")
 
@@ -42,10 +47,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     )
     parser.add_argument("--prefill", nargs="+", required=True, help="Base URL(s) of the prefill instance(s).")
     parser.add_argument("--decode", nargs="+", required=True, help="Base URL(s) of the decode instance(s).")
-    parser.add_argument("--host", default="127.0.0.1", help="Host to listen on.")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)."
+    )
     parser.add_argument("--port", type=int, default=8000, help="Port to listen on.")
     parser.add_argument(
         "--timeout", type=float, default=600.0, help="Seconds to wait for an instance's answer."
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="Require `Authorization: Bearer <key>` on every route but /health "
+        "(default: the PAGEDLLM_API_KEY environment variable, else no key).",
+    )
+    parser.add_argument(
+        "--upstream-api-key",
+        default=None,
+        help="Key sent to the prefill and decode instances (default: the proxy's own key; with neither, "
+        "the client's Authorization header is passed on).",
     )
     return parser
 
@@ -62,8 +81,11 @@ def build_app(
     decode_urls: list[str],
     timeout: float,
     transport: httpx.AsyncBaseTransport | None = None,
+    api_key: str | None = None,
+    upstream_api_key: str | None = None,
 ) -> FastAPI:
-    """The proxy app (`transport` replaces the network, for tests)."""
+    """The proxy app (`transport` replaces the network, for tests): ``api_key`` is the key its clients
+    must send, ``upstream_api_key`` the one it sends the instances (default ``api_key``)."""
     prefills: Iterator[str] = itertools.cycle([u.rstrip("/") for u in prefill_urls])
     decodes: Iterator[str] = itertools.cycle([u.rstrip("/") for u in decode_urls])
     client = httpx.AsyncClient(timeout=timeout, transport=transport)
@@ -74,9 +96,15 @@ def build_app(
         await client.aclose()
 
     app = FastAPI(title="pagedllm disaggregated prefill proxy", lifespan=lifespan)
+    if api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    upstream_key = upstream_api_key or api_key
 
     def headers_of(request: Request) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED_HEADERS}
+        if upstream_key is not None:
+            headers["authorization"] = f"Bearer {upstream_key}"
+        return headers
 
     async def proxy(request: Request, path: str) -> Response:
         try:
@@ -154,7 +182,10 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
-    app = build_app(args.prefill, args.decode, args.timeout)
+    api_key = configured_api_key(args.api_key)
+    app = build_app(
+        args.prefill, args.decode, args.timeout, api_key=api_key, upstream_api_key=args.upstream_api_key
+    )
     logger.info("prefill %s -> decode %s on %s:%d", args.prefill, args.decode, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

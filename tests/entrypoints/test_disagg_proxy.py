@@ -3,12 +3,14 @@
 The prefill server stores prompts' KV blocks (SharedStorageConnector, kv_producer); the decode server
 loads them (kv_consumer). Greedy outputs through the proxy equal one server's; the decode server computes
 none of the prompt's full blocks (its external prefix-cache hit counter says so); a corrupt stored block
-is recomputed, with the same output.
+is recomputed, with the same output. The servers require one API key and the proxy another (from
+PAGEDLLM_API_KEY): it requires its own of its clients and sends the servers theirs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from remote_server import RemoteServer, free_port
@@ -26,6 +29,8 @@ from tiny_llm import make_tiny_llm
 pytestmark = pytest.mark.slow
 
 BLOCK_SIZE = 16
+SERVER_KEY = "servers-secret"
+PROXY_KEY = "proxy-secret"
 
 
 def _kv_args(role: str, store: Path) -> list[str]:
@@ -48,7 +53,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory, store: Path) -> Iterator[t
     # Started side by side (each start-up waits mostly on imports).
     with ThreadPoolExecutor(2) as pool:
         starting = [
-            pool.submit(RemoteServer, ["--model", model, *_kv_args(role, store)])
+            pool.submit(RemoteServer, ["--model", model, "--api-key", SERVER_KEY, *_kv_args(role, store)])
             for role in ("kv_producer", "kv_consumer")
         ]
     started = [f.result() for f in starting if f.exception() is None]
@@ -69,7 +74,8 @@ def proxy_url(servers: tuple[RemoteServer, RemoteServer]) -> Iterator[str]:
     prefill, decode = servers
     port = free_port()
     cmd = [sys.executable, "-m", "pagedllm.entrypoints.cli", "disagg-proxy", "--prefill", prefill.url]
-    proc = subprocess.Popen([*cmd, "--decode", decode.url, "--port", str(port)])
+    cmd += ["--decode", decode.url, "--port", str(port), "--upstream-api-key", SERVER_KEY]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PAGEDLLM_API_KEY": PROXY_KEY})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -87,8 +93,8 @@ def proxy_url(servers: tuple[RemoteServer, RemoteServer]) -> Iterator[str]:
         proc.wait(10)
 
 
-def _client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+def _client(url: str, key: str = SERVER_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
 
 
 def _external_hits(server: RemoteServer) -> float:
@@ -122,7 +128,7 @@ def test_outputs_equal_one_server_and_decode_loads_the_prompt(
     servers: tuple[RemoteServer, RemoteServer], proxy_url: str
 ) -> None:
     prefill, decode = servers
-    proxied = _client(proxy_url)
+    proxied = _client(proxy_url, PROXY_KEY)
     for i, prompt in enumerate(PROMPTS):
         before = _external_hits(decode)
         text, num_prompt = _complete(proxied, prompt, stream=i == 1)
@@ -147,6 +153,21 @@ def test_corrupt_stored_blocks_are_recomputed(
         raw[-7] ^= 0x5A
         path.write_bytes(bytes(raw))
     before = _external_hits(decode)
-    text, _ = _complete(_client(proxy_url), prompt)
+    text, _ = _complete(_client(proxy_url, PROXY_KEY), prompt)
     assert text == expected
     assert _external_hits(decode) == before  # nothing loaded: the decode server computed the prompt
+
+
+def test_the_proxy_requires_the_api_key(proxy_url: str) -> None:
+    # The servers' key is not the proxy's: the proxy itself refuses it (on its own, it would pass).
+    with pytest.raises(openai.AuthenticationError) as info:
+        _client(proxy_url, SERVER_KEY).completions.create(model="m", prompt="hi", max_tokens=2)
+    assert info.value.status_code == 401 and "API key" in info.value.message
+    for path in ("/v1/completions", "/v1/chat/completions"):  # no key at all
+        raw = httpx.post(f"{proxy_url}{path}", json={"prompt": "hi", "messages": [], "model": "m"})
+        assert raw.status_code == 401 and raw.json()["error"]["code"] == 401
+    # Nothing but loopback: the proxy's default address.
+    port = int(proxy_url.rsplit(":", 1)[1])
+    connections = psutil.net_connections("tcp")
+    [listening] = [c for c in connections if c.laddr.port == port and c.status == psutil.CONN_LISTEN]
+    assert listening.laddr.ip == "127.0.0.1"

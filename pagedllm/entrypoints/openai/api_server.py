@@ -43,6 +43,7 @@ from pagedllm.entrypoints.openai.middleware import (
     ApiKeyMiddleware,
     BodySizeLimitMiddleware,
     InternalErrorMiddleware,
+    configured_api_key,
 )
 from pagedllm.entrypoints.openai.protocol import (
     CompletionRequest,
@@ -331,7 +332,7 @@ async def run_server(
     model_config = engine_config.model_config
     names = served_names(model_config.served_model_name, str(model_config.model))
     log_requests = engine_config.logging_config.enable_log_requests and not args.disable_log_requests
-    api_key = args.api_key if args.api_key is not None else envs.PAGEDLLM_API_KEY
+    api_key = configured_api_key(args.api_key)
     chat_template = None
     try:
         check_dev_mode_host(args.host, args.allow_dev_mode_remote)
@@ -370,7 +371,7 @@ async def run_server(
         app = build_app(
             engine,
             names,
-            api_key or None,
+            api_key,
             chat_template,
             max_request_body_bytes=args.max_request_body_bytes,
             limits=limits,

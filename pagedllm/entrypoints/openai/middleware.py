@@ -13,6 +13,7 @@ from http import HTTPStatus
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pagedllm import envs
 from pagedllm.entrypoints.openai.errors import OpenAIError, error_response
 
 logger = logging.getLogger("pagedllm.entrypoints.openai")
@@ -20,6 +21,12 @@ logger = logging.getLogger("pagedllm.entrypoints.openai")
 # The only routes open without the key: probes and scrapers, which neither run requests nor change
 # state. Every other path needs it, including routes added later and paths that match no route.
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics", "/ping", "/load"})
+
+
+def configured_api_key(flag: str | None) -> str | None:
+    """The key a server requires: ``--api-key`` when given, else ``PAGEDLLM_API_KEY``; None (or an empty
+    value) means no key."""
+    return (flag if flag is not None else envs.PAGEDLLM_API_KEY) or None
 
 
 class ApiKeyMiddleware:
