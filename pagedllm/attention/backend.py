@@ -151,6 +151,11 @@ class AttentionMetadataBuilder(ABC):
     def build(self, common: CommonAttentionMetadata) -> AttentionMetadata:
         """The step's metadata, with every per-step precomputation the layers need done here."""
 
+    def backend_names(self) -> dict[str, list[str]]:
+        """The kernel backends each step class runs on across the layers, by the class's name (none
+        named by default)."""
+        return {}
+
 
 class AttentionBackend(ABC):
     @staticmethod

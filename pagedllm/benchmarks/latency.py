@@ -15,7 +15,11 @@ import psutil
 from pagedllm.benchmarks.datasets import grounded_requests, open_chat_requests, random_requests, render_chat
 from pagedllm.benchmarks.gguf_baselines import GGUF_BASELINES, dequantized_args, run_llama_cpp_latency
 from pagedllm.benchmarks.hf_baseline import add_baseline_args
-from pagedllm.benchmarks.model_stats import worker_forward_path_steps, worker_weight_bytes_per_step
+from pagedllm.benchmarks.model_stats import (
+    worker_attention_backends,
+    worker_forward_path_steps,
+    worker_weight_bytes_per_step,
+)
 from pagedllm.benchmarks.roofline import copy_bandwidth
 from pagedllm.config.args import EngineArgs
 from pagedllm.core.spec_stats import SpecDecodingStats
@@ -146,6 +150,9 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
         "bandwidth_roofline_steps_per_s": limit,
         "fraction_of_bandwidth_roofline": None,
         "decode_paths": paths,
+        # The attention backend of each step class (`pagedllm.attention.backends.hybrid`), for the
+        # steps whose forward runs the attention layers (a native-c step runs its own kernels).
+        "attention_backends": engine.call_utility("collective_rpc", worker_attention_backends, (), None, None)[0],
     }
     print(
         f"{label} prefill: {report['prefill_s_median'] * 1000:.1f} ms for {args.batch_size}x{args.input_len} "
@@ -163,6 +170,8 @@ def measure(args: argparse.Namespace, label: str = "pagedllm") -> tuple[dict, ob
     else:
         print(f"{label} decode: no decode steps (--output-len {args.output_len})")
     print(f"{label} decode path: " + ", ".join(f"{path} ({n} steps)" for path, n in sorted(paths.items())))
+    backends = report["attention_backends"]
+    print(f"{label} attention backends: " + "; ".join(f"{step}: {', '.join(names)}" for step, names in backends.items()))
     print(f"{label} resident memory after load: {report['rss_after_load_mib']:.0f} MiB (this process)")
     engine.shutdown()
     return report, model_config, prompts

@@ -81,3 +81,10 @@ def worker_forward_path_steps(worker: Any) -> dict[str, int]:
     worker since it started (through `collective_rpc`)."""
     paths = worker.runner.forward_paths
     return {} if paths is None else dict(paths.steps)
+
+
+def worker_attention_backends(worker: Any) -> dict[str, list[str]]:
+    """The attention backends each step class runs on in a worker (`AttentionMetadataBuilder.
+    backend_names`; through `collective_rpc`), empty before its cache is bound."""
+    builder = getattr(worker.runner, "attn_metadata_builder", None)
+    return {} if builder is None else builder.backend_names()
