@@ -15,6 +15,8 @@ import psutil
 import pytest
 from tiny_llm import make_tiny_llm
 
+from pagedllm.attention.backends.protocol import StepClass
+
 ENGINE = ["-O0", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory-bytes", str(16 << 20)]
 
 
@@ -95,6 +97,10 @@ def test_latency_with_hf_baseline(model_dir: Path, tmp_path: Path) -> None:
     # -O0: every measured step (2 iterations of a prompt step and 5 decode steps) ran the eager module.
     assert report["decode_paths"] == {"eager": 12}
     assert "decode path: eager (12 steps)" in result.stdout
+    # The backend each attention step class runs on (`pagedllm.attention.backends.hybrid`), named.
+    backends = report["attention_backends"]
+    assert set(backends) == {step.value for step in StepClass} and all(backends.values())
+    assert f"attention backends: {StepClass.FEW_DECODES.value}: {backends[StepClass.FEW_DECODES.value][0]}" in result.stdout
     steps = report["decode_step_ms"]
     assert 0 < steps["p50"] <= steps["p90"] <= steps["p99"]
     # The engine process after load holds at least the torch runtime (a few hundred MiB).
