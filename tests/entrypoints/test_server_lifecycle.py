@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -204,6 +205,15 @@ def test_sigterm_to_the_process_group_drains_requests_in_flight(tmp_path: Path) 
         auth = {"Authorization": "Bearer flag-key"}
         assert httpx.get(f"{server.url}/v1/models").status_code == 401
         assert httpx.get(f"{server.url}/v1/models", headers=auth).status_code == 200
+        # -tp 2 on one machine: nothing the server, the core or the workers listen on is reachable from
+        # another host (the ranks meet through a file store, not a TCP store on every interface).
+        listening = [
+            c.laddr
+            for p in [server.psutil_proc, *children]
+            for c in p.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        assert listening and all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
 
         def long_request() -> None:
             body = {"model": "tiny", "prompt": "Count:", "max_tokens": 200, "ignore_eos": True}
