@@ -22,6 +22,7 @@ models with flat distributions.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any
 
@@ -77,3 +78,8 @@ class BatchInvariantMode(TorchFunctionMode):
                 return _padded_linear(x, weight, bias)
             return _row_by_row_linear(x, weight, bias)
         return func(*args, **kwargs)
+
+
+def numerics(batch_invariant: bool) -> contextlib.AbstractContextManager[object]:
+    """What a forward or logits product runs under: the batch-invariant mode when it is on."""
+    return BatchInvariantMode() if batch_invariant else contextlib.nullcontext()

@@ -45,7 +45,7 @@ import time
 import types
 from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -56,13 +56,16 @@ from pagedllm.layers import bf16_gemm, skinny_gemm
 from pagedllm.layers.graph_key import GraphKeyContributor, check_owned
 from pagedllm.models.interfaces import HasDecoderLayers, NativeDecoder, SupportsNativeDecode
 
+if TYPE_CHECKING:
+    from pagedllm.config import EngineConfig
+
 logger = logging.getLogger("pagedllm.compile")
 
 Forward = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 ShapeClass = tuple[str, int]
 
 
-def compile_cache_dir(engine_config: Any) -> Path:
+def compile_cache_dir(engine_config: EngineConfig) -> Path:
     """`<root>/<config hash>`: the root is `compilation_config.cache_dir`, else
     `torch_compile_cache` under pagedllm's cache root (`pagedllm.config.utils.cache_root`)."""
     root = engine_config.compilation_config.cache_dir
@@ -107,7 +110,7 @@ class CompiledForward:
     dispatcher."""
 
     def __init__(
-        self, model: nn.Module, engine_config: Any, contributors: Sequence[GraphKeyContributor]
+        self, model: nn.Module, engine_config: EngineConfig, contributors: Sequence[GraphKeyContributor]
     ) -> None:
         cc = engine_config.compilation_config
         self.model = model

@@ -5,7 +5,7 @@ new blocks (`CachedRequestData`), so the runner must remember every request it k
 (prompt, then the tokens the runner itself sampled), its block table row, how many tokens are in the
 KV cache, and its sampling parameters. Each request owns one row of every array; a freed row is
 reused by the next new request, so nothing is reallocated while serving. The per-step input
-preparation (`ModelRunner._prepare_inputs`) then gathers from these arrays with vectorized numpy
+preparation (`InputPreparer.prepare`) then gathers from these arrays with vectorized numpy
 indexing over the flattened batch instead of walking Python lists per token.
 """
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedllm.attention.layer import attention_layers, bind_kv_cache
 from pagedllm.config.sleep_mode import check_sleep_level, check_wake_tags
 from pagedllm.models.loader import effective_quant_config, reload_weights
 from pagedllm.platforms import current_platform
@@ -56,11 +55,7 @@ class WorkerSleep:
         runner = self.runner
         model = _model(runner)
         runner.release_native_bindings()
-        released = sum(t.numel() * t.element_size() for t in runner.kv_caches)
-        runner.kv_caches = []
-        bind_kv_cache(model, [torch.empty(0, device=runner.device)] * len(attention_layers(model)))
-        if runner.spec is not None:  # a draft model's or EAGLE head's cache (re-allocated with the target's)
-            released += runner.spec.release_kv_cache()
+        released = runner.startup.release_kv_cache()
         self.released.add("kv_cache")
         keep_on_host = level == 1 and runner.device.type != "cpu"
         if level == 2 or keep_on_host:

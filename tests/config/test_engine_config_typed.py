@@ -1,5 +1,5 @@
 """Code that takes the engine configuration says so in its signature: `engine_config: EngineConfig`,
-never `Any` (the runner's files, being split by another change, are the only ones left to type)."""
+never `Any`."""
 
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ from pathlib import Path
 import pagedllm
 
 PACKAGE = Path(pagedllm.__file__).parent
-# Still `Any`: the model runner's files (issue 39 §6, pending their split).
-NOT_YET_TYPED = {
-    "worker/model_runner.py",
-    "worker/runner_startup.py",
-    "worker/compiled_forward.py",
-}
 
 
 def _untyped(path: Path) -> list[str]:
@@ -34,5 +28,5 @@ def _untyped(path: Path) -> list[str]:
 
 def test_engine_config_is_typed() -> None:
     files = [p for p in PACKAGE.rglob("*.py") if "seed" not in p.parts]
-    untyped = [hit for p in files if str(p.relative_to(PACKAGE)) not in NOT_YET_TYPED for hit in _untyped(p)]
+    untyped = [hit for p in files for hit in _untyped(p)]
     assert untyped == []
