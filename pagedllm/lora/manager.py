@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from pagedllm.lora.layers import LoRABatchState, LoRALinearMethod
 from pagedllm.lora.peft_loader import SUPPORTED_TARGETS, LoRAAdapterError, load_peft_adapter
 from pagedllm.lora.request import LoRARequest
 
+if TYPE_CHECKING:
+    from pagedllm.config.lora import LoRAConfig
+
 logger = logging.getLogger("pagedllm.lora")
 
 # Per wrapped layer: per output slice, (A, B) or None.
@@ -33,7 +36,7 @@ SlotWeights = dict[str, list[tuple[torch.Tensor, torch.Tensor] | None]]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def lora_dtype(lora_config: Any, model_dtype: torch.dtype) -> torch.dtype:
+def lora_dtype(lora_config: LoRAConfig, model_dtype: torch.dtype) -> torch.dtype:
     return model_dtype if lora_config.lora_dtype == "auto" else _DTYPES[lora_config.lora_dtype]
 
 
@@ -41,7 +44,7 @@ class LoRAManager:
     def __init__(
         self,
         model: nn.Module,
-        lora_config: Any,
+        lora_config: LoRAConfig,
         max_num_tokens: int,
         max_num_reqs: int,
         model_dtype: torch.dtype,
