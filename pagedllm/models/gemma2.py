@@ -7,6 +7,7 @@ layers as `layer_types` lists them, and soft-capped logits (`final_logit_softcap
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -124,6 +125,10 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         logits = super().compute_logits(hidden_states)
         cap = self.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def decoder_layers(self) -> Sequence[nn.Module]:
+        # Every layer: the body is one stage (`supports_pp = False`), with no start/end layer to slice.
+        return self.model.layers
 
     def native_decoder(self) -> NativeDecoder | None:
         return None  # the native path has no sandwich norms, soft caps or mixed windows
