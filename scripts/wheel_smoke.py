@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pagedllm
 from pagedllm import LLM, SamplingParams
-from pagedllm.attention.backends import cpu_decode
-from pagedllm.models.native import llama_decode
+from pagedllm.kernels import build
 
 
 def main() -> None:
@@ -18,10 +17,11 @@ def main() -> None:
     assert installed.is_relative_to(Path(sys.prefix).resolve()), f"pagedllm imported from {installed}"
     package = installed.parent
     sources = sorted(p.relative_to(package).as_posix() for p in package.rglob("*.c"))
-    assert "models/native/llama_decode.c" in sources and "attention/backends/cpu_decode.c" in sources, sources
-    if cpu_decode._compiler() is not None:
-        assert cpu_decode.kernel() is not None, "the CPU attention kernels did not build"
-        assert llama_decode._library() is not None, "the native Llama decode library did not build"
+    assert all(f"kernels/cpu/{name}.c" in sources for name in ("llama_decode", "attention_decode")), sources
+    assert any(p.name.endswith(".h") for p in (package / "kernels" / "include").iterdir()), "headers missing"
+    if build.compiler() is not None:
+        for library in build.LIBRARIES:
+            assert build.cdll(library) is not None, f"the native {library.name} library did not build"
     llm = LLM(optimization_level=0, max_model_len=256)
     (out,) = llm.generate(["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=8))
     assert len(out.outputs[0].token_ids) == 8, out
