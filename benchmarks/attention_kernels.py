@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from revision_kernels import build_units
 
 from pagedllm.attention import fp8_kv
 from pagedllm.attention.backends import cpu_decode
@@ -37,17 +36,8 @@ SCALES = torch.tensor([0.05, 0.04])
 
 
 def baseline_library(rev: str) -> ctypes.CDLL:
-    """The kernel library built from `rev`'s sources (the prompt kernel #includes the decode one)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"attn-{rev}-"))
-    sources = []
-    for path in (cpu_decode._LIBRARY_SOURCE, *cpu_decode.SOURCES):
-        rel = path.relative_to(Path.cwd())
-        shown = subprocess.run(["git", "show", f"{rev}:{rel}"], capture_output=True)
-        if shown.returncode == 0:  # a file this tree has and `rev` had not is skipped
-            (folder / path.name).write_bytes(shown.stdout)
-            sources.append(folder / path.name)
-    lib = cpu_decode.load_native(f"cpu_attention_{rev}", sources, "baseline kernels", "no baseline")
-    assert lib is not None
+    """The attention kernels built from `rev`'s sources."""
+    lib = build_units(rev, ("attention_decode.c", "attention_prefill.c"))
     for suffix in ("f32", "bf16"):
         fn = getattr(lib, f"decode_layer_{suffix}")
         fn.argtypes, fn.restype = cpu_decode._DECODE_ARGTYPES, ctypes.c_int

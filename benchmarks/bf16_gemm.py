@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from revision_kernels import build_units
 
-from pagedllm.kernels import build
 from pagedllm.layers import bf16_gemm
 
 # (out features, in features) of each model's products: fused qkv / o, gate_up, down, and the
@@ -37,33 +34,7 @@ SHAPES = {
 
 def baseline_kernel(rev: str) -> ctypes.CDLL:
     """`rev`'s bf16_gemm.c built alone with the kernel builder's flags for this CPU (-march=native)."""
-    source = build.UNITS / "bf16_gemm.c"
-    shown = subprocess.run(
-        ["git", "show", f"{rev}:{source.relative_to(Path.cwd())}"], capture_output=True, check=True
-    )
-    folder = Path(tempfile.mkdtemp(prefix=f"bf16-gemm-{rev}-"))
-    (folder / "bf16_gemm.c").write_bytes(shown.stdout)
-    out = folder / "bf16_gemm.so"
-    compiler = build.compiler()
-    assert compiler is not None, "no C compiler"
-    flags = build._flags(build.NATIVE, True)
-    subprocess.run(
-        [
-            compiler,
-            *flags,
-            "-fPIC",
-            "-shared",
-            "-I",
-            str(build.INCLUDE),
-            "-I",
-            str(build.UNITS),
-            "-o",
-            str(out),
-            str(folder / "bf16_gemm.c"),
-        ],
-        check=True,
-    )
-    lib = ctypes.CDLL(str(out))
+    lib = build_units(rev, ("bf16_gemm.c",))
     lib.bf16_gemm.argtypes = [
         ctypes.c_void_p,
         ctypes.c_int64,
