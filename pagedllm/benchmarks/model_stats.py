@@ -86,5 +86,5 @@ def worker_forward_path_steps(worker: Any) -> dict[str, int]:
 def worker_attention_backends(worker: Any) -> dict[str, list[str]]:
     """The attention backends each step class runs on in a worker (`AttentionMetadataBuilder.
     backend_names`; through `collective_rpc`), empty before its cache is bound."""
-    builder = getattr(worker.runner, "attn_metadata_builder", None)
+    builder = worker.runner.startup.attn_metadata_builder
     return {} if builder is None else builder.backend_names()
